@@ -1,0 +1,33 @@
+# The two commands of the README's quick start, and a few more. Everything installs into .venv.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PIP     := $(BIN)/pip
+
+.PHONY: setup demo test test-all bench clean
+
+$(BIN)/qkv: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch==2.13.0 is pinned in pyproject.toml: the CPU build, not a multi-GB CUDA one.
+	$(PIP) install --quiet -e ".[dev]"
+	@touch $(BIN)/qkv
+
+setup: $(BIN)/qkv
+
+demo: setup
+	$(BIN)/qkv demo
+
+# The default tier: everything but slow tests (a few minutes on 2 cores). Browser tests run when
+# Debian's chromium is installed (.ci/run installs it) and skip otherwise.
+test: setup
+	$(BIN)/python -m pytest -m "not slow and not distributed and not gpu" -q
+
+test-all: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/train_gpt.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

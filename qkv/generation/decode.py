@@ -1,0 +1,114 @@
+"""Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token.
+
+"At each step the model is auto-regressive, consuming the previously generated symbols as additional
+input when generating the next" (Section 3). With the KV cache each step feeds only the newest token.
+Prompts of different lengths are left-padded so that every row's last prompt token sits in the same
+column; a key padding mask hides the pads and per-row positions start at 0 at each row's first token.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from qkv.generation.sampling import check_sampling_args, next_token
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[Tensor, Tensor]:
+    """(B, T) left-padded ids and the (B, T) bool mask of real tokens."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (start empty prompts with a start token)")
+    t = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), t), pad_id, dtype=torch.long, device=device)
+    real = torch.zeros((len(prompts), t), dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        real[i, t - len(p):] = True
+    return ids, real
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: Sequence[Sequence[int]] | Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[Tensor], None] | None = None,
+) -> list[list[int]]:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a ``GPT``.
+        prompts: token-id lists (any lengths), or a (B, T) tensor of equal-length prompts.
+        temperature: 0 = greedy; otherwise softmax(logits / temperature) sampling.
+        top_k, top_p: restrict sampling to the k most likely tokens / the nucleus of mass top_p.
+        eos_id: a row stops after producing it (it is included in the output).
+        use_cache: False recomputes the whole prefix every step (slow; for testing the cache).
+        generator: a seeded ``torch.Generator`` makes sampling reproducible.
+        on_step: called with the (B,) new tokens after every step (for streaming).
+
+    Returns:
+        The new tokens of each row.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    device = next(model.parameters()).device
+    if isinstance(prompts, Tensor):
+        prompts = prompts.tolist()
+    ids, real = left_pad(prompts, pad_id, device)  # (B, T) each
+    b, t = ids.shape
+    total = t + max_new_tokens
+    if total > model.cfg.max_len:
+        raise ValueError(
+            f"prompt of {t} tokens + {max_new_tokens} new tokens = {total} exceeds the model's context "
+            f"of {model.cfg.max_len} positions; shorten the prompt or ask for fewer tokens"
+        )
+    was_training = model.training
+    model.eval()
+    padded = not bool(real.all())
+    key_mask = real  # (B, L) grows by one column per step
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
+    out: list[list[int]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    try:
+        if use_cache:
+            model.setup_cache(b, total)
+        seq = ids
+        step_in, step_pos = ids, positions
+        for _ in range(max_new_tokens):
+            mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
+            if use_cache:
+                logits = model(step_in, mask=mask, positions=step_pos if padded else None)
+            else:
+                all_pos = torch.cat([positions, positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)], 1)
+                logits = model(seq, mask=mask, positions=all_pos if padded else None)
+            tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+            if eos_id is not None:
+                tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+            for i in range(b):
+                if not done[i]:
+                    out[i].append(int(tok[i]))
+            if on_step is not None:
+                on_step(tok)
+            if eos_id is not None:
+                done |= tok == eos_id
+                if bool(done.all()):
+                    break
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+            key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
+            step_in = tok[:, None]  # (B, 1)
+            step_pos = step_pos[:, -1:] + 1  # (B, 1)
+    finally:
+        if use_cache:
+            model.clear_cache()
+        model.train(was_training)
+    return out

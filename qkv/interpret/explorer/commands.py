@@ -1,0 +1,109 @@
+"""The ``qkv explore`` command: serve the attention explorer, or export it as one HTML file.
+
+    qkv explore                                  figures 1-5 on http://127.0.0.1:8765/
+    qkv explore --run runs/mt --text "Hello"     plus figure 6: the run's own attention maps
+    qkv explore --export page.html               one self-contained file (works from file://)
+    qkv explore --run runs/mt --text "Hello" --export page.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+DEFAULT_PORT = 8765
+
+
+def register(subparsers) -> None:
+    """Add the ``explore`` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "explore",
+        help="interactive attention figures (and your model's attention maps) in the browser",
+        description="Serve the attention explorer on a local web server, or export it as one HTML file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 1)[1],
+    )
+    p.add_argument("--run", metavar="DIR", help="run directory of a trained model: adds figure 6, its attention maps")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--export", metavar="PAGE.html", help="write one self-contained HTML file instead of serving")
+    p.add_argument("--text", help="text figure 6 starts with; with --run --export, the text whose maps are embedded")
+    p.set_defaults(func=run)
+
+
+def _error(message: str) -> int:
+    print(f"qkv explore: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _load_provider(run_dir: str):
+    """The run's ``text -> attention maps`` function, from ``qkv.interpret.capture`` (imported lazily)."""
+    if not Path(run_dir).is_dir():
+        raise LookupError(f"--run {run_dir}: no such directory")
+    try:
+        capture = importlib.import_module("qkv.interpret.capture")
+    except ModuleNotFoundError as err:
+        if err.name and "qkv.interpret.capture".startswith(err.name):
+            raise LookupError(
+                "--run: showing a trained model's attention is not available yet "
+                "(qkv.interpret.capture is missing); figures 1-5 work without --run"
+            ) from None
+        raise
+    factory = getattr(capture, "make_attention_provider", None)
+    if factory is None:
+        raise LookupError(
+            "--run: showing a trained model's attention is not available yet "
+            "(qkv.interpret.capture has no make_attention_provider); figures 1-5 work without --run"
+        )
+    return factory(run_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve or export the explorer. Returns the process exit code."""
+    from qkv.interpret.explorer.server import MAX_TEXT_CHARS
+
+    if args.text is not None and len(args.text) > MAX_TEXT_CHARS:
+        return _error(f"--text is {len(args.text)} characters; the limit is {MAX_TEXT_CHARS}")
+    if not 0 <= args.port <= 65535:
+        return _error(f"--port must be in 0..65535, got {args.port}")
+    provider = None
+    if args.run:
+        try:
+            provider = _load_provider(args.run)
+        except LookupError as err:
+            return _error(str(err))
+
+    if args.export:
+        from qkv.interpret.explorer.export import export_page
+        from qkv.interpret.explorer.payload import AttentionDataError
+
+        data = None
+        if provider is not None:
+            if not args.text:
+                return _error("--export with --run needs --text: the text whose attention is embedded")
+            try:
+                data = provider(args.text)
+            except ValueError as err:
+                return _error(f"the model could not read --text: {err}")
+        try:
+            out = export_page(args.export, data)
+        except (OSError, AttentionDataError) as err:
+            return _error(str(err))
+        print(out)
+        return 0
+
+    from qkv.interpret.explorer.server import serve
+
+    try:
+        return serve(
+            args.host,
+            args.port,
+            provider,
+            default_text=args.text or "",
+            model_name=str(args.run) if args.run else None,
+        )
+    except OSError as err:
+        hint = " (pass --port 0 to pick a free port)" if args.port else ""
+        return _error(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}{hint}")

@@ -1,0 +1,114 @@
+"""Write the explorer as ONE self-contained HTML file that works from file:// with no server.
+
+``fetch()`` does not work from ``file://``, so every stylesheet and script of ``static/`` is inlined
+and a model's attention maps, if any, are embedded as ``<script type="application/json"
+id="qkv-model-data">``. A Content-Security-Policy meta tag allows exactly those inline blocks (by
+their sha256) and nothing else: the file cannot load or send anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from qkv.interpret.explorer.payload import normalize_attention_data
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+_SCRIPT_TAG = re.compile(r'<script src="([A-Za-z0-9_.-]+)"></script>')
+_STYLE_TAG = re.compile(r'<link rel="stylesheet" href="([A-Za-z0-9_.-]+)">')
+_CHARSET_TAG = '<meta charset="utf-8">'
+
+
+def _sha256_source(text: str) -> str:
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+def _read_static(name: str, static_dir: Path) -> str:
+    path = static_dir / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: referenced by index.html but missing")
+    text = path.read_text(encoding="utf-8")
+    # The text goes inside <script>/<style>; a closing tag in it would end the block early.
+    if re.search(r"</(script|style)", text, flags=re.IGNORECASE):
+        raise ValueError(f"{path}: contains a closing </script> or </style> and cannot be inlined")
+    return text
+
+
+def _json_for_script(obj: dict) -> str:
+    # Escapes keep "</script>" or "<!--" in a token from ending the block; JSON.parse undoes them.
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR) -> str:
+    """Return the self-contained page as a string (see ``export_page``)."""
+    html = (static_dir / "index.html").read_text(encoding="utf-8")
+    styles: list[str] = []
+    scripts: list[str] = []
+
+    def inline_style(m: re.Match) -> str:
+        css = _read_static(m.group(1), static_dir)
+        styles.append(css)
+        return f"<style>{css}</style>"
+
+    def inline_script(m: re.Match) -> str:
+        js = _read_static(m.group(1), static_dir)
+        scripts.append(js)
+        return f"<script>{js}</script>"
+
+    html = _STYLE_TAG.sub(inline_style, html)
+    html = _SCRIPT_TAG.sub(inline_script, html)
+    if not scripts or not styles:
+        raise ValueError(f"{static_dir / 'index.html'}: found no script or stylesheet tag to inline")
+    if re.search(r"<(script|link)[^>]+(src|href)=\"(?!data:)", html):
+        raise ValueError(f"{static_dir / 'index.html'}: an external script or link is left after inlining")
+
+    if attention_data is not None:
+        data = normalize_attention_data(attention_data)
+        tag = f'<script type="application/json" id="qkv-model-data">{_json_for_script(data)}</script>\n'
+        first_script = html.index("<script>")
+        html = html[:first_script] + tag + html[first_script:]
+
+    csp = (
+        "default-src 'none'; "
+        f"script-src {' '.join(_sha256_source(js) for js in scripts)}; "
+        f"style-src {' '.join(_sha256_source(css) for css in styles)}; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
+    if _CHARSET_TAG not in html:
+        raise ValueError(f"{static_dir / 'index.html'}: missing {_CHARSET_TAG}")
+    meta = f'\n<meta http-equiv="Content-Security-Policy" content="{csp}">'
+    return html.replace(_CHARSET_TAG, _CHARSET_TAG + meta, 1)
+
+
+def export_page(out_html: str | os.PathLike, attention_data: dict | None = None) -> Path:
+    """Write the explorer as one HTML file with all CSS, JS and data inlined.
+
+    Args:
+        out_html: Output path (parent folders are created).
+        attention_data: A model's maps for figure 6 (format in ``payload.py``), or None for the
+            figures 1-5 only.
+
+    Returns:
+        The path written. The file is written to a temporary name and renamed, so an interrupted
+        export never leaves half a page.
+    """
+    out = Path(out_html)
+    page = render_page(attention_data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

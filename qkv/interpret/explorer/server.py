@@ -1,0 +1,418 @@
+"""The explorer's local web server: static page files plus a small JSON API, stdlib only.
+
+Routes:
+    GET /, /index.html, /<file>   the page files in ``static/`` (a fixed whitelist; no subfolders)
+    GET /api/status               {"model": bool, "default_text": str, "max_text_chars": int, ...}
+    GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (figure 6)
+    POST /api/attention           the same with a JSON body {"text": "..."}
+
+Safety, because a browser on the same machine can be pointed at it by any web site:
+    * binds 127.0.0.1 unless told otherwise, and checks the Host header on loopback (DNS rebinding);
+    * serves only whitelisted files: anything with ``..``, a backslash, ``%`` after decoding (double
+      encoding), NUL or a nested path is refused with 400;
+    * limits: URL 8 KiB, body 64 KiB, text 500 characters; every error is a JSON ``{"error": ...}``;
+    * a Content-Security-Policy that forbids every resource not from this server;
+    * one failing request never stops the server (handlers catch everything and answer 4xx/5xx).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import traceback
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from qkv.interpret.explorer.payload import AttentionDataError, normalize_attention_data
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MAX_TEXT_CHARS = 500
+MAX_BODY_BYTES = 64 * 1024
+MAX_URL_CHARS = 8 * 1024
+NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"
+
+# 'self' only: no CDN, no external font, no analytics; data: for the empty favicon.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".json": "application/json; charset=utf-8",
+}
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+AttentionProvider = Callable[[str], dict]
+
+
+class RequestError(Exception):
+    """A bad request, answered with ``status`` and a JSON error message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class ExplorerServer(ThreadingHTTPServer):
+    """A threading HTTP server that holds the explorer's settings.
+
+    Attributes:
+        attention_provider: ``text -> dict`` in the format of ``payload.py``, or None when no model
+            is loaded (then ``/api/attention`` answers 404). May be set after construction.
+        default_text: The text figure 6 starts with.
+        model_name: Shown above figure 6 when a model is loaded.
+        quiet: Do not log requests to stderr.
+    """
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        attention_provider: AttentionProvider | None = None,
+        default_text: str = "",
+        model_name: str | None = None,
+        quiet: bool = False,
+        static_dir: Path = STATIC_DIR,
+    ):
+        if ":" in host.strip("[]"):
+            self.address_family = socket.AF_INET6
+        self.attention_provider = attention_provider
+        self.default_text = default_text
+        self.model_name = model_name
+        self.quiet = quiet
+        self.static_dir = Path(static_dir)
+        # Whitelist taken once: only plain files of known types directly in static/.
+        self.static_files = {
+            p.name: CONTENT_TYPES[p.suffix]
+            for p in self.static_dir.iterdir()
+            if p.is_file() and p.suffix in CONTENT_TYPES and not p.name.startswith(".")
+        }
+        # Serialise model calls: concurrent forwards would only fight for the same CPU cores.
+        self.provider_lock = threading.Lock()
+        super().__init__((host.strip("[]"), port), ExplorerHandler)
+        bound_host = host.strip("[]")
+        self.allowed_hosts: set[str] | None = None
+        if bound_host in LOOPBACK_NAMES or bound_host.startswith("127."):
+            names = set(LOOPBACK_NAMES) | {bound_host}
+            port_s = str(self.server_address[1])
+            self.allowed_hosts = names | {f"{n}:{port_s}" for n in names} | {f"[{bound_host}]:{port_s}"}
+
+    @property
+    def url(self) -> str:
+        """The page's address, e.g. ``http://127.0.0.1:8765/``."""
+        host, port = self.server_address[:2]
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}/"
+
+    def handle_error(self, request, client_address) -> None:  # noqa: D401 (stdlib hook)
+        """Log an unexpected error in a request thread and keep serving."""
+        if not self.quiet:
+            print(f"explorer: error while serving {client_address}:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+
+
+class ExplorerHandler(BaseHTTPRequestHandler):
+    """Answers one connection's requests; see the module docstring for the routes."""
+
+    server: ExplorerServer
+    server_version = "qkv-explorer"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 15  # Seconds a client may stall (slow-loris connections do not pin threads forever).
+
+    # ------------------------------------------------------------------ methods
+    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+        self._handle("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._handle("HEAD")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def _method_not_allowed(self) -> None:
+        self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"method {self.command} not allowed"})
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
+
+    # ------------------------------------------------------------------ plumbing
+    def _handle(self, method: str) -> None:
+        try:
+            self._check_host()
+            self._route(method)
+        except RequestError as err:
+            self._send_json(err.status, {"error": err.message})
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True
+        except Exception:  # noqa: BLE001 - one bad request must never stop the server
+            if not self.server.quiet:
+                traceback.print_exc(file=sys.stderr)
+            self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal server error"})
+
+    def _check_host(self) -> None:
+        allowed = self.server.allowed_hosts
+        host = self.headers.get("Host")
+        if allowed is not None and host is not None and host.lower() not in allowed:
+            # A page on another site that resolved its name to 127.0.0.1 (DNS rebinding).
+            raise RequestError(HTTPStatus.FORBIDDEN, f"unexpected Host header {host!r}")
+
+    def _route(self, method: str) -> None:
+        raw = self.path
+        if len(raw) > MAX_URL_CHARS:
+            raise RequestError(HTTPStatus.REQUEST_URI_TOO_LONG, f"URL longer than {MAX_URL_CHARS} characters")
+        if not raw.startswith("/") or raw.startswith("//"):
+            raise RequestError(HTTPStatus.BAD_REQUEST, "request target must be a path starting with one '/'")
+        parts = urlsplit(raw)
+        if method != "POST" and self.headers.get("Content-Length", "0").strip() not in ("", "0"):
+            self.close_connection = True  # An unread body would be parsed as the next request.
+        if parts.path.startswith("/api/"):
+            self._api(method, parts.path, parts.query)
+        elif method == "POST":
+            raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "POST is only accepted on /api/attention")
+        else:
+            self._static(parts.path, head=(method == "HEAD"))
+
+    def _security_headers(self) -> None:
+        self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+
+    def _send_bytes(self, status: int, body: bytes, content_type: str, cache: str = "no-store") -> None:
+        self.send_response(status)
+        self._security_headers()
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", cache)
+        if status >= 400:
+            self.close_connection = True
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if getattr(self, "command", None) != "HEAD":
+            self.wfile.write(body)
+
+    def _send_json(self, status: int, obj: dict) -> None:
+        if status >= 400 and "status" not in obj:
+            obj = {**obj, "status": int(status)}
+        body = json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        self._send_bytes(status, body, "application/json; charset=utf-8")
+
+    def send_error(self, code, message=None, explain=None) -> None:  # noqa: D401 (stdlib hook)
+        """Answer the base class's own errors (malformed request line, 414, 431, 501) in JSON."""
+        try:
+            short = self.responses[code][0]
+        except KeyError:
+            short = "error"
+        self.close_connection = True
+        try:
+            self._send_json(code, {"error": message or short})
+        except OSError:
+            pass
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 (stdlib signature)
+        if not self.server.quiet:
+            sys.stderr.write(f"explorer: {self.address_string()} {format % args}\n")
+
+    # ------------------------------------------------------------------ static files
+    def _static(self, path: str, head: bool) -> None:
+        try:
+            decoded = unquote(path, errors="strict")
+        except UnicodeDecodeError:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "path is not valid percent-encoded UTF-8") from None
+        name = "index.html" if decoded == "/" else decoded[1:]
+        # Refuse traversal in every disguise: "..", "\", nested or absolute paths, NUL, drive
+        # letters, and anything still percent-encoded after one decoding (double encoding).
+        if (
+            not name
+            or ".." in name
+            or "/" in name
+            or "\\" in name
+            or "%" in name
+            or ":" in name
+            or "\x00" in name
+            or name.startswith(".")
+        ):
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad path {path!r}")
+        content_type = self.server.static_files.get(name)
+        if content_type is None:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"no such file: {name}")
+        body = (self.server.static_dir / name).read_bytes()
+        self._send_bytes(HTTPStatus.OK, body, content_type, cache="no-cache")
+
+    # ------------------------------------------------------------------ API
+    def _api(self, method: str, path: str, query: str) -> None:
+        if path == "/api/status":
+            if method == "POST":
+                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET for /api/status")
+            self._send_json(HTTPStatus.OK, self._status())
+        elif path == "/api/attention":
+            text = self._read_body_text() if method == "POST" else self._query_text(query)
+            self._attention(text)
+        else:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"unknown API route {path}")
+
+    def _status(self) -> dict:
+        srv = self.server
+        out = {
+            "model": srv.attention_provider is not None,
+            "default_text": srv.default_text,
+            "max_text_chars": MAX_TEXT_CHARS,
+        }
+        if srv.model_name:
+            out["model_name"] = srv.model_name
+        return out
+
+    def _query_text(self, query: str) -> str:
+        try:
+            fields = parse_qs(query, keep_blank_values=True, strict_parsing=False, errors="strict", max_num_fields=8)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad query string: {err}") from None
+        values = fields.get("text")
+        if not values:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "missing 'text' parameter: /api/attention?text=...")
+        if len(values) > 1:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "give 'text' once")
+        return values[0]
+
+    def _read_body_text(self) -> str:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length")
+        length_s = self.headers.get("Content-Length")
+        if length_s is None:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "POST needs a Content-Length header")
+        try:
+            length = int(length_s)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_s!r}") from None
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # The body is left unread: the connection cannot be reused.
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes")
+        body = self.rfile.read(length)
+        if len(body) != length:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, "request body shorter than its Content-Length")
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise RequestError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        try:
+            obj = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid UTF-8 JSON: {err}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise RequestError(HTTPStatus.BAD_REQUEST, 'body must be a JSON object {"text": "..."}')
+        return obj["text"]
+
+    def _attention(self, text: str) -> None:
+        if len(text) > MAX_TEXT_CHARS:
+            raise RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}",
+            )
+        if not text.strip():
+            raise RequestError(HTTPStatus.BAD_REQUEST, "text is empty")
+        if "\x00" in text:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "text contains a NUL character")
+        provider = self.server.attention_provider
+        if provider is None:
+            raise RequestError(HTTPStatus.NOT_FOUND, NO_MODEL_MESSAGE)
+        try:
+            with self.server.provider_lock:
+                raw = provider(text)
+        except (ValueError, KeyError) as err:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the model could not read this text: {err}") from None
+        except Exception:  # noqa: BLE001
+            if not self.server.quiet:
+                traceback.print_exc(file=sys.stderr)
+            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, "the attention provider failed (see the server log)") from None
+        try:
+            data = normalize_attention_data(raw)
+        except AttentionDataError as err:
+            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the attention provider returned bad data: {err}") from None
+        data.setdefault("text", text)
+        self._send_json(HTTPStatus.OK, data)
+
+
+def make_server(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    attention_provider: AttentionProvider | None = None,
+    *,
+    default_text: str = "",
+    model_name: str | None = None,
+    quiet: bool = False,
+) -> ExplorerServer:
+    """Create (bind, not start) the explorer server.
+
+    Args:
+        host: Interface to bind; loopback by default, so nothing is reachable from the network.
+        port: TCP port; 0 picks a free one (read it back from ``server.url``).
+        attention_provider: ``text -> dict`` giving a model's maps (see ``payload.py``), or None.
+        default_text: The text figure 6 starts with.
+        model_name: Shown above figure 6.
+        quiet: Do not log requests to stderr.
+
+    Returns:
+        An ``ExplorerServer``; call ``serve_forever()`` (in a thread if needed) and ``shutdown()``.
+    """
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {port}")
+    if len(default_text) > MAX_TEXT_CHARS:
+        raise ValueError(f"default text is {len(default_text)} characters; the limit is {MAX_TEXT_CHARS}")
+    return ExplorerServer(
+        host, int(port), attention_provider, default_text=default_text, model_name=model_name, quiet=quiet
+    )
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    attention_provider: AttentionProvider | None = None,
+    *,
+    default_text: str = "",
+    model_name: str | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run the explorer until Ctrl-C, printing its URL to stdout.
+
+    Returns:
+        0 once stopped.
+    """
+    server = make_server(
+        host, port, attention_provider, default_text=default_text, model_name=model_name, quiet=quiet
+    )
+    if server.allowed_hosts is None:
+        print(
+            f"explorer: listening on {host}, not loopback: anyone who can reach this machine can use it",
+            file=sys.stderr,
+        )
+    print(server.url, flush=True)
+    print("explorer: press Ctrl-C to stop", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,72 @@
+"""GPT: the Transformer's decoder alone, trained to predict the next token (Radford et al., 2018/2019)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from qkv.config import ModelConfig
+from qkv.modules.kv_cache import CachedDecoding, cache_length
+from qkv.modules.layers import DecoderLayer
+from qkv.modules.positional import build_positional
+
+
+class GPT(CachedDecoding, nn.Module):
+    """Decoder-only Transformer: masked self-attention blocks without cross-attention.
+
+    GPT-2's layout by default (pre-norm, a final LayerNorm, learned positions, tanh-GELU, the output
+    projection tied to the token embedding); every choice is a config field.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.arch != "gpt":
+            raise ValueError(f"GPT needs a config with arch='gpt', got {cfg.arch!r}")
+        self.cfg = cfg
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.rope = rope
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, cross_attention=False, rope=rope) for i in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
+
+    def _init_weights(self) -> None:
+        # GPT-2: N(0, 0.02) everywhere, and the projections that write into the residual stream scaled
+        # by 1/sqrt(2 * n_layers) so that its variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() > 1:
+                std = 0.02
+                if name.endswith(("out_proj.weight", "w_2.weight")):
+                    std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, idx: Tensor, mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            idx: (B, T) token ids; with a cache, only the new positions.
+            mask: optional (B, 1, 1, L) key padding mask over all L keys (cached + new), for batches of
+                left-padded prompts. Causality is always applied.
+            positions: optional (B, T) absolute positions (left padding shifts them per row).
+
+        Returns:
+            logits: (B, T, V).
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"GPT expects token ids of shape (B, T), got {tuple(idx.shape)}")
+        offset = cache_length(self)
+        x = self.token_embedding(idx)  # (B, T, D)
+        if self.positional is not None:
+            x = x + self.positional(idx.shape[1], offset=offset, positions=positions)
+        x = self.dropout(x)
+        for layer in self.layers:
+            x = layer(x, self_mask=mask, positions=positions)
+        return self.lm_head(self.final_norm(x))

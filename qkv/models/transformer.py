@@ -1,0 +1,117 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Section 3, Figure 1)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from qkv.config import ModelConfig
+from qkv.modules.kv_cache import CachedDecoding, cache_length
+from qkv.modules.layers import DecoderLayer, EncoderLayer
+from qkv.modules.masks import padding_mask
+from qkv.modules.positional import build_positional
+
+
+class Transformer(CachedDecoding, nn.Module):
+    """Encoder-decoder with one shared vocabulary.
+
+    "We share the same weight matrix between the two embedding layers and the pre-softmax linear
+    transformation ... In the embedding layers, we multiply those weights by sqrt(d_model)"
+    (Section 3.4).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.arch != "transformer":
+            raise ValueError(f"Transformer needs a config with arch='transformer', got {cfg.arch!r}")
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.rope = rope
+        # "We apply dropout to the sums of the embeddings and the positional encodings in both the
+        # encoder and decoder stacks" (Section 5.4).
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, i, rope) for i in range(cfg.n_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, i, True, rope) for i in range(cfg.decoder_layers))
+        final = cfg.use_final_norm
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.generator.weight = self.embedding.weight
+
+    def _init_weights(self) -> None:
+        # Xavier-uniform for every projection, as the paper's tensor2tensor code and the Annotated
+        # Transformer do; the shared embedding ~ N(0, d_model^-1/2), so that after the sqrt(d_model)
+        # scaling token vectors have unit variance, on the scale of the sinusoids (fairseq's choice).
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and name != "embedding.weight":
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+
+    # ------------------------------------------------------------------------------------------
+
+    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """Scaled embeddings plus positions: (B, T) ids -> (B, T, D)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"expected token ids of shape (B, T), got {tuple(tokens.shape)}")
+        x = self.embedding(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
+        if self.positional is not None:
+            x = x + self.positional(tokens.shape[1], offset=offset)
+        return self.dropout(x)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Run the encoder stack.
+
+        Args:
+            src: (B, S) source ids, right-padded with ``pad_id``.
+            src_mask: (B, 1, 1, S) bool; default: the non-padding positions of ``src``.
+
+        Returns:
+            memory: (B, S, D).
+        """
+        if src_mask is None:
+            src_mask = padding_mask(src, self.cfg.pad_id)
+        x = self.embed(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor | None,
+               tgt_mask: Tensor | None = None) -> Tensor:
+        """Run the decoder stack and the output projection.
+
+        Args:
+            tgt: (B, T) target ids (shifted right behind <bos>); with a cache, only the new positions.
+            memory: (B, S, D) encoder output (may be None once a cache holds the cross-attention K/V).
+            src_mask: (B, 1, 1, S) source padding mask.
+            tgt_mask: optional (B, 1, 1, L) key padding mask for decoder self-attention. Causality is
+                always applied; right padding needs no mask (real tokens never look right).
+
+        Returns:
+            logits: (B, T, V).
+        """
+        x = self.embed(tgt, offset=cache_length(self))
+        for layer in self.decoder_layers:
+            x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask)
+        return self.generator(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher forcing: (B, S) source, (B, T) shifted target -> (B, T, V) logits, all positions at once."""
+        src_mask = padding_mask(src, self.cfg.pad_id)
+        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+
+    # ------------------------------------------------------------------------------------------
+    # KV cache for decoding: decoder self-attention appends one position per step; cross-attention
+    # keys and values are computed from the encoder output once per source.
+
+    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        super().setup_cache(batch_size, max_len, dtype)
+        # The encoder never uses a cache: it sees the whole source at once.
+        for layer in self.encoder_layers:
+            layer.self_attn.cache = None

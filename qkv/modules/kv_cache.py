@@ -1,0 +1,164 @@
+"""A static, preallocated key/value cache for autoregressive decoding.
+
+During generation the keys and values of past positions never change, so each step computes K and V
+only for the new position and appends them here; attention then costs one query against the cached
+prefix instead of recomputing the whole prefix (as gpt-fast and torchtune do). The buffers are
+allocated once (``setup``) so decoding allocates nothing per step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class KVCache(nn.Module):
+    """Keys and values of one attention layer, for ``max_len`` positions.
+
+    Buffers are (B, H, max_len, Dh); ``length`` positions are filled.
+    """
+
+    def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        shape = (batch_size, n_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[0]
+
+    def reset(self) -> None:
+        """Forget all positions (the buffers stay allocated)."""
+        self.length = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new positions' keys and values; return all cached ones.
+
+        Args:
+            k, v: (B, H, T, Dh) for the T new positions.
+
+        Returns:
+            (B, H, length + T, Dh) keys and values (views of the buffers).
+        """
+        b, h, t, dh = k.shape
+        if (b, h, dh) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+            raise ValueError(
+                f"KVCache.update: got keys of shape {tuple(k.shape)}, the cache holds "
+                f"(B, H, *, Dh) = ({self.k.shape[0]}, {self.k.shape[1]}, *, {self.k.shape[3]})"
+            )
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError(
+                f"KVCache is full: {self.length} cached + {t} new positions > max_len {self.max_len}; "
+                "set up the cache with a larger max_len"
+            )
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep batch rows ``indices`` (B,), e.g. the surviving hypotheses of a beam search step.
+
+        Beam search must reorder the cache along with the sequences, or a hypothesis would continue
+        from another's past.
+        """
+        self.k = self.k.index_select(0, indices)
+        self.v = self.v.index_select(0, indices)
+
+
+class StaticKV(nn.Module):
+    """Cross-attention keys and values: computed once from the encoder output, reused every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def filled(self) -> bool:
+        return self.k is not None
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        self.k, self.v = k, v
+
+    def reset(self) -> None:
+        self.k = self.v = None
+
+    def reorder(self, indices: Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, indices)
+            self.v = self.v.index_select(0, indices)
+
+
+# ----------------------------------------------------------------------------------------------
+# Installing caches in a model: every self-attention gets a KVCache, every cross-attention a
+# StaticKV. The models call these from setup_cache / reset_cache / reorder_cache / clear_cache.
+
+
+def _attention_modules(model: nn.Module):
+    from qkv.modules.attention import MultiHeadAttention
+
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def setup_caches(model: nn.Module, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> None:
+    """Allocate a cache in every attention module of ``model`` for ``batch_size`` rows of ``max_len`` positions."""
+    param = next(model.parameters())
+    dtype = dtype or param.dtype
+    for m in _attention_modules(model):
+        if m.kind == "cross":
+            m.cache = StaticKV()
+        else:
+            m.cache = KVCache(batch_size, m.n_heads, max_len, m.head_dim, dtype=dtype, device=param.device)
+
+
+def reset_caches(model: nn.Module) -> None:
+    """Empty every cache (keeping the buffers) to decode a new batch of the same size."""
+    for m in _attention_modules(model):
+        if m.cache is not None:
+            m.cache.reset()
+
+
+def reorder_caches(model: nn.Module, indices: Tensor) -> None:
+    """Keep the batch rows ``indices`` in every cache (beam search)."""
+    for m in _attention_modules(model):
+        if m.cache is not None:
+            m.cache.reorder(indices)
+
+
+def clear_caches(model: nn.Module) -> None:
+    """Remove the caches: the model computes every position again (training, scoring)."""
+    for m in _attention_modules(model):
+        m.cache = None
+
+
+def cache_length(model: nn.Module) -> int:
+    """Positions already cached (0 without a cache)."""
+    for m in _attention_modules(model):
+        if isinstance(m.cache, KVCache):
+            return m.cache.length
+    return 0
+
+
+class CachedDecoding:
+    """Mixin for models that decode with caches: prefill in one call, then one position per call."""
+
+    cfg: object
+
+    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len)."""
+        setup_caches(self, batch_size, max_len or self.cfg.max_len, dtype)
+
+    def reset_cache(self) -> None:
+        reset_caches(self)
+
+    def reorder_cache(self, indices: Tensor) -> None:
+        reorder_caches(self, indices)
+
+    def clear_cache(self) -> None:
+        clear_caches(self)

@@ -1,0 +1,94 @@
+"""Encoder and decoder layers (Section 3.1, Figure 1).
+
+"We employ a residual connection around each of the two sub-layers, followed by layer normalization.
+That is, the output of each sub-layer is LayerNorm(x + Sublayer(x))" (post-norm, the paper). Pre-norm,
+x + Sublayer(LayerNorm(x)), trains deeper stacks without warmup tricks and is what GPT-2 uses.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor, nn
+
+from qkv.config import ModelConfig
+from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.feed_forward import FeedForward
+from qkv.modules.positional import RotaryEmbedding
+
+
+class Sublayer(nn.Module):
+    """The residual connection and LayerNorm around one sub-layer, in post- or pre-norm order.
+
+    "We apply dropout to the output of each sub-layer, before it is added to the sub-layer input and
+    normalized" (Section 5.4).
+    """
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention over the whole source, then the position-wise feed-forward network."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0, rope: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, "encoder_self", layer)
+        self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.ff_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x: (B, S, D); mask: source padding, (B, 1, 1, S). Returns (B, S, D)."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, mask=mask)[0])
+        return self.ff_sublayer(x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder output (if any), feed-forward.
+
+    Without cross-attention this is the GPT block.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0, cross_attention: bool = True,
+                 rope: RotaryEmbedding | None = None) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        kind = "decoder_self" if cross_attention else "self"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, kind, layer)
+        self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, None, "cross", layer)
+            self.cross_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
+        else:
+            self.cross_attn = None
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.ff_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """x: (B, T, D); memory: (B, S, D); self_mask: key padding (B, 1, 1, L) or None (causality is
+        always applied); memory_mask: source padding (B, 1, 1, S). Returns (B, T, D)."""
+        x = self.self_attn_sublayer(
+            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions)[0]
+        )
+        if self.cross_attn is not None:
+            if memory is None and not (self.cross_attn.cache is not None and self.cross_attn.cache.filled):
+                raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
+            x = self.cross_attn_sublayer(x, lambda h: self.cross_attn(h, memory=memory, mask=memory_mask)[0])
+        return self.ff_sublayer(x, self.feed_forward)

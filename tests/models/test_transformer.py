@@ -1,0 +1,166 @@
+import pytest
+import torch
+
+from qkv import ModelConfig, Transformer, preset
+from qkv.models import count_parameters
+from qkv.modules.masks import padding_mask
+
+
+def small_cfg(**kw):
+    base = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0, max_len=64)
+    return ModelConfig(**{**base, **kw})
+
+
+def test_paper_presets_have_table_3_sizes():
+    with torch.device("meta"):  # sizes only: no memory, no initialization time
+        assert count_parameters(Transformer(preset("transformer-base"))) == 63_082_496
+        assert count_parameters(Transformer(preset("transformer-big"))) == 214_245_376
+
+
+def test_embeddings_shared_and_scaled():
+    m = Transformer(small_cfg(positional="none")).eval()
+    assert m.generator.weight is m.embedding.weight
+    tok = torch.tensor([[5, 6]])
+    torch.testing.assert_close(m.embed(tok), m.embedding(tok) * 32 ** 0.5)
+
+
+def _to_torch_transformer(ours: Transformer) -> torch.nn.Transformer:
+    cfg = ours.cfg
+    ref = torch.nn.Transformer(
+        d_model=cfg.d_model, nhead=cfg.n_heads, num_encoder_layers=cfg.n_layers,
+        num_decoder_layers=cfg.decoder_layers, dim_feedforward=cfg.d_ff, dropout=0.0,
+        activation="relu", batch_first=True, norm_first=cfg.norm == "pre",
+    )
+    mapping = {}
+    for i in range(cfg.n_layers):
+        e, r = f"encoder_layers.{i}.", f"encoder.layers.{i}."
+        mapping.update({
+            r + "self_attn.in_proj_weight": e + "self_attn.in_proj.weight",
+            r + "self_attn.in_proj_bias": e + "self_attn.in_proj.bias",
+            r + "self_attn.out_proj.weight": e + "self_attn.out_proj.weight",
+            r + "self_attn.out_proj.bias": e + "self_attn.out_proj.bias",
+            r + "linear1.weight": e + "feed_forward.w_1.weight", r + "linear1.bias": e + "feed_forward.w_1.bias",
+            r + "linear2.weight": e + "feed_forward.w_2.weight", r + "linear2.bias": e + "feed_forward.w_2.bias",
+            r + "norm1.weight": e + "self_attn_sublayer.norm.weight", r + "norm1.bias": e + "self_attn_sublayer.norm.bias",
+            r + "norm2.weight": e + "ff_sublayer.norm.weight", r + "norm2.bias": e + "ff_sublayer.norm.bias",
+        })
+    for i in range(cfg.decoder_layers):
+        d, r = f"decoder_layers.{i}.", f"decoder.layers.{i}."
+        for attn, theirs in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
+            mapping.update({
+                r + f"{theirs}.in_proj_weight": d + f"{attn}.in_proj.weight",
+                r + f"{theirs}.in_proj_bias": d + f"{attn}.in_proj.bias",
+                r + f"{theirs}.out_proj.weight": d + f"{attn}.out_proj.weight",
+                r + f"{theirs}.out_proj.bias": d + f"{attn}.out_proj.bias",
+            })
+        mapping.update({
+            r + "linear1.weight": d + "feed_forward.w_1.weight", r + "linear1.bias": d + "feed_forward.w_1.bias",
+            r + "linear2.weight": d + "feed_forward.w_2.weight", r + "linear2.bias": d + "feed_forward.w_2.bias",
+            r + "norm1.weight": d + "self_attn_sublayer.norm.weight", r + "norm1.bias": d + "self_attn_sublayer.norm.bias",
+            r + "norm2.weight": d + "cross_attn_sublayer.norm.weight", r + "norm2.bias": d + "cross_attn_sublayer.norm.bias",
+            r + "norm3.weight": d + "ff_sublayer.norm.weight", r + "norm3.bias": d + "ff_sublayer.norm.bias",
+        })
+    for part in ("encoder", "decoder"):
+        mapping[f"{part}.norm.weight"] = f"{part}_norm.weight"
+        mapping[f"{part}.norm.bias"] = f"{part}_norm.bias"
+    ours_state = ours.state_dict()
+    ref.load_state_dict({k: ours_state[v] for k, v in mapping.items()}, strict=True)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_matches_torch_nn_transformer(norm):
+    # torch.nn.Transformer always has a final LayerNorm per stack: build ours with one too.
+    ours = Transformer(small_cfg(norm=norm, final_norm=True)).eval()
+    ref = _to_torch_transformer(ours)
+    src = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, 0, 0, 0]])
+    tgt = torch.tensor([[1, 12, 13, 14, 15], [1, 12, 13, 0, 0]])
+    logits = ours(src, tgt)
+    src_pad = src == 0
+    t = tgt.shape[1]
+    ref_hidden = ref(
+        ours.embed(src), ours.embed(tgt),
+        tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(t, dtype=torch.bool),
+        src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
+    )
+    ref_logits = ours.generator(ref_hidden)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+
+
+def test_padding_invariance():
+    m = Transformer(small_cfg()).eval()
+    src = torch.tensor([[5, 6, 7]])
+    tgt = torch.tensor([[1, 8, 9]])
+    alone = m(src, tgt)
+    padded = m(torch.tensor([[5, 6, 7, 0, 0, 0]]), torch.tensor([[1, 8, 9, 0]]))
+    torch.testing.assert_close(padded[:, :3], alone, atol=1e-5, rtol=0)
+    # Batching with a longer sentence changes nothing either.
+    batch = m(torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]), torch.tensor([[1, 8, 9, 0], [1, 8, 9, 10]]))
+    torch.testing.assert_close(batch[:1, :3], alone, atol=1e-5, rtol=0)
+
+
+def test_decoder_is_causal():
+    m = Transformer(small_cfg()).eval()
+    src = torch.tensor([[5, 6, 7]])
+    a = m(src, torch.tensor([[1, 8, 9, 10]]))
+    b = m(src, torch.tensor([[1, 8, 9, 30]]))
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a[:, 3], b[:, 3])
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope"])
+def test_cached_decoding_equals_uncached(positional):
+    m = Transformer(small_cfg(positional=positional)).eval()
+    src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
+    tgt = torch.tensor([[1, 12, 13, 14, 15, 16], [1, 17, 18, 19, 20, 21]])
+    with torch.no_grad():
+        full = m(src, tgt)
+        memory = m.encode(src)
+        m.setup_cache(batch_size=2, max_len=16)
+        src_mask = padding_mask(src, 0)
+        steps = [m.decode(tgt[:, :2], memory, src_mask)]  # a 2-token prefill, then one at a time
+        for i in range(2, tgt.shape[1]):
+            steps.append(m.decode(tgt[:, i:i + 1], memory, src_mask))
+        m.clear_cache()
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_cross_attention_kv_computed_once():
+    m = Transformer(small_cfg()).eval()
+    memory = m.encode(torch.tensor([[5, 6, 7]]))
+    m.setup_cache(1, 8)
+    layer = m.decoder_layers[0].cross_attn
+    with torch.no_grad():
+        m.decode(torch.tensor([[1]]), memory, None)
+        k_first = layer.cache.k
+        m.decode(torch.tensor([[9]]), None, None)  # memory not needed any more
+        assert layer.cache.k is k_first
+    m.clear_cache()
+
+
+def test_bad_input_errors():
+    m = Transformer(small_cfg(max_len=8))
+    with pytest.raises(ValueError, match="longer than the positional table"):
+        m(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids of shape"):
+        m(torch.ones(9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+    m.setup_cache(1, 4)
+    m.decode(torch.ones(1, 4, dtype=torch.long), m.encode(torch.ones(1, 3, dtype=torch.long)), None)
+    with pytest.raises(ValueError, match="KVCache is full"):
+        m.decode(torch.ones(1, 1, dtype=torch.long), None, None)
+
+
+def test_a_few_steps_lower_the_loss():
+    m = Transformer(small_cfg())
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    src = torch.randint(4, 50, (8, 6))
+    tgt_out = src.flip(1)  # learn to reverse
+    tgt_in = torch.cat([torch.ones(8, 1, dtype=torch.long), tgt_out[:, :-1]], 1)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(m(src, tgt_in).reshape(-1, 50), tgt_out.reshape(-1), label_smoothing=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]

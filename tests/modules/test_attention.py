@@ -1,0 +1,159 @@
+import math
+
+import pytest
+import torch
+
+from qkv.modules.attention import MultiHeadAttention, scaled_dot_product_attention
+from qkv.modules.masks import causal_mask, combine, padding_mask
+
+
+def rand_qkv(b=2, h=3, t=5, l=7, dh=8):
+    return torch.randn(b, h, t, dh), torch.randn(b, h, l, dh), torch.randn(b, h, l, dh)
+
+
+def random_mask(b, t, l):
+    m = torch.rand(b, 1, t, l) > 0.3
+    m[..., 0] = True  # at least one key per row
+    return m
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_equals_explicit(masked):
+    q, k, v = rand_qkv()
+    mask = random_mask(2, 5, 7) if masked else None
+    fused, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    explicit, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    assert w.shape == (2, 3, 5, 7)
+
+
+def test_explicit_is_the_formula():
+    q, k, v = rand_qkv()
+    ref = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+    out, _ = scaled_dot_product_attention(q, k, v, need_weights=True)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+
+
+def test_causal_with_offset_matches_full():
+    # The last T queries of a causal attention over L positions: the cache situation.
+    q, k, v = rand_qkv(t=7, l=7)
+    full, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
+    tail, _ = scaled_dot_product_attention(q[:, :, 4:], k, v, is_causal=True)
+    torch.testing.assert_close(tail, full[:, :, 4:], atol=1e-6, rtol=0)
+    tail_w, _ = scaled_dot_product_attention(q[:, :, 4:], k, v, is_causal=True, need_weights=True)
+    torch.testing.assert_close(tail_w, full[:, :, 4:], atol=1e-5, rtol=0)
+
+
+def test_rows_sum_to_one_and_output_in_value_range():
+    q, k, v = rand_qkv()
+    mask = random_mask(2, 5, 7)
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
+    assert bool((w[~mask.expand_as(w)] == 0).all()), "masked keys got weight"
+    # A weighted average of the values: each coordinate between their min and max.
+    vmin, vmax = v.min(dim=2, keepdim=True).values, v.max(dim=2, keepdim=True).values
+    assert bool((out >= vmin - 1e-6).all() and (out <= vmax + 1e-6).all())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_row_gives_zeros_not_nan(need_weights):
+    q, k, v = rand_qkv(b=1, t=3, l=4)
+    mask = torch.ones(1, 1, 3, 4, dtype=torch.bool)
+    mask[0, 0, 1] = False  # query 1 may attend nothing
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask, need_weights=need_weights)
+    assert not torch.isnan(out).any()
+    assert torch.equal(out[0, :, 1], torch.zeros_like(out[0, :, 1]))
+    if need_weights:
+        assert torch.equal(w[0, :, 1], torch.zeros_like(w[0, :, 1]))
+
+
+def test_score_variance_grows_with_dk_and_scaling_fixes_it():
+    # Section 3.2.1 footnote 4: for unit-variance q and k, q.k has variance d_k; dividing by sqrt(d_k)
+    # brings it back to 1, keeping the softmax out of its saturated, vanishing-gradient regime.
+    g = torch.Generator().manual_seed(0)
+    for dk in (4, 64, 512):
+        q, k = torch.randn(20000, dk, generator=g), torch.randn(20000, dk, generator=g)
+        dots = (q * k).sum(-1)
+        assert abs(dots.var().item() / dk - 1) < 0.05
+        assert abs((dots / math.sqrt(dk)).var().item() - 1) < 0.05
+
+
+def test_mask_errors_are_clear():
+    q, k, v = rand_qkv()
+    with pytest.raises(TypeError, match="torch.bool"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(2, 1, 5, 7))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(2, 1, 5, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="4 dims"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.bool))
+
+
+def test_mha_input_shape_error():
+    mha = MultiHeadAttention(16, 4)
+    with pytest.raises(ValueError, match=r"expected input \(B, T, 16\)"):
+        mha(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match="memory must be"):
+        mha(torch.randn(2, 3, 16), memory=torch.randn(3, 4, 16))
+
+
+def _copy_to_torch_mha(ours: MultiHeadAttention, bias: bool) -> torch.nn.MultiheadAttention:
+    ref = torch.nn.MultiheadAttention(ours.d_model, ours.n_heads, bias=bias, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(ours.in_proj.weight)
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        if bias:
+            ref.in_proj_bias.copy_(ours.in_proj.bias)
+            ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_self_attention_matches_torch_mha_with_padding_and_causal_masks(bias):
+    d, h, b, t = 32, 4, 3, 6
+    ours = MultiHeadAttention(d, h, bias=bias).eval()
+    ref = _copy_to_torch_mha(ours, bias)
+    x = torch.randn(b, t, d)
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 0, 0, 0], [5, 6, 7, 8, 0, 0]])
+    pad = padding_mask(tokens, 0)  # (B, 1, 1, T)
+    mask = combine(pad, causal_mask(t))
+    out, w = ours(x, mask=mask, need_weights=True)
+    ref_out, ref_w = ref(x, x, x, key_padding_mask=~pad[:, 0, 0], attn_mask=~causal_mask(t)[0, 0],
+                         need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=0)
+    fused, _ = ours(x, mask=mask)
+    torch.testing.assert_close(fused, ref_out, atol=1e-5, rtol=0)
+
+
+def test_cross_attention_matches_torch_mha():
+    d, h = 32, 8
+    ours = MultiHeadAttention(d, h, kind="cross").eval()
+    ref = _copy_to_torch_mha(ours, True)
+    x, memory = torch.randn(2, 4, d), torch.randn(2, 9, d)
+    src = torch.tensor([[3] * 9, [3] * 5 + [0] * 4])
+    pad = padding_mask(src, 0)
+    out, _ = ours(x, memory=memory, mask=pad)
+    ref_out, _ = ref(x, memory, memory, key_padding_mask=~pad[:, 0, 0])
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+
+
+def test_causality_future_token_does_not_change_the_past():
+    mha = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(1, 6, 16)
+    y = x.clone()
+    y[:, 4] += 1.0
+    a, _ = mha(x, is_causal=True)
+    b, _ = mha(y, is_causal=True)
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_permutation_equivariance_without_positions():
+    # Without positional information self-attention is a bag of words: permuting the input permutes
+    # the output the same way.
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(1, 7, 16)
+    perm = torch.randperm(7)
+    out, _ = mha(x)
+    out_perm, _ = mha(x[:, perm])
+    torch.testing.assert_close(out_perm, out[:, perm], atol=1e-6, rtol=0)

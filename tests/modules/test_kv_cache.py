@@ -1,0 +1,34 @@
+import pytest
+import torch
+
+from qkv.modules.kv_cache import KVCache
+
+
+def test_update_appends_and_returns_prefix():
+    c = KVCache(2, 3, 10, 4)
+    k1, v1 = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    k, v = c.update(k1, v1)
+    assert k.shape == (2, 3, 4, 4) and c.length == 4
+    k2, v2 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    k, v = c.update(k2, v2)
+    torch.testing.assert_close(k, torch.cat([k1, k2], 2))
+    torch.testing.assert_close(v, torch.cat([v1, v2], 2))
+    c.reset()
+    assert c.length == 0
+
+
+def test_overflow_and_shape_errors():
+    c = KVCache(1, 2, 4, 8)
+    c.update(torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
+    with pytest.raises(ValueError, match="KVCache is full"):
+        c.update(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8))
+    with pytest.raises(ValueError, match="the cache holds"):
+        c.update(torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8))
+
+
+def test_reorder_moves_rows():
+    c = KVCache(3, 1, 4, 2)
+    k = torch.arange(3.0)[:, None, None, None].expand(3, 1, 2, 2).contiguous()
+    c.update(k, k)
+    c.reorder(torch.tensor([2, 2, 0]))
+    assert c.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]

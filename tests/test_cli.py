@@ -1,0 +1,31 @@
+import json
+import subprocess
+import sys
+
+from qkv.cli import main
+
+
+def test_help_lists_commands(capsys):
+    assert main([]) == 0
+    assert "info" in capsys.readouterr().out
+
+
+def test_info_preset_prints_count_and_paper_figure(capsys):
+    assert main(["info", "--preset", "transformer-base"]) == 0
+    out = capsys.readouterr().out
+    assert "63,082,496" in out and "65M" in out
+    assert main(["info", "--preset", "transformer-big", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["preset"]["parameters"] == 214_245_376 and info["preset"]["paper_parameters"] == "213M"
+
+
+def test_info_vocab_and_bad_preset(capsys):
+    assert main(["info", "--preset", "tiny-gpt", "--vocab", "100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["preset"]["config"]["vocab_size"] == 100
+    assert main(["info", "--preset", "nope"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+
+
+def test_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "qkv", "info", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["qkv"]
