@@ -1,11 +1,44 @@
 """qkv: the Transformer of "Attention Is All You Need", complete, correct and fast.
 
     from qkv import Transformer, GPT, ModelConfig
+
+The names below are imported on first use (PEP 562), so that commands which do not need torch
+(``qkv data list``) start instantly.
 """
 
-from qkv.config import ModelConfig, preset
-from qkv.models import GPT, Transformer, build_model, count_parameters
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelConfig", "preset", "GPT", "Transformer", "build_model", "count_parameters", "__version__"]
+_EXPORTS = {
+    "ModelConfig": "qkv.config",
+    "preset": "qkv.config",
+    "GPT": "qkv.models",
+    "Transformer": "qkv.models",
+    "build_model": "qkv.models",
+    "count_parameters": "qkv.models",
+    "generate": "qkv.generation",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from qkv.config import ModelConfig, preset
+    from qkv.generation import generate
+    from qkv.models import GPT, Transformer, build_model, count_parameters

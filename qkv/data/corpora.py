@@ -89,7 +89,6 @@ class Corpus:
     eval_only: bool = False
     downloads: tuple[Download, ...] = ()
     build: str = "copy"
-    notes: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -174,7 +173,6 @@ _CORPORA: tuple[Corpus, ...] = (
             Download(f"{_CMN}/cmn.txt", "cmn.txt", "aa264a2447b26ab7c9d413f8321f9e2a779fd134b5118306b6e26a3499b3926e"),
         ),
         build="cmn-eng",
-        notes="fetch re-runs the README's deterministic split of cmn.txt",
     ),
     Corpus(
         name="iwslt15-zh-en",
@@ -204,7 +202,6 @@ _CORPORA: tuple[Corpus, ...] = (
             for lang in ("zh", "en")
         ),
         build="iwslt",
-        notes="fetch re-extracts the <seg> texts of the XML files",
     ),
     Corpus(
         name="tinyshakespeare",
@@ -235,7 +232,6 @@ _CORPORA: tuple[Corpus, ...] = (
             for k in range(0, 58000, 1000)
         ),
         build="tang",
-        notes="fetch re-assembles the text from the 58 JSON files",
     ),
 )
 
@@ -527,10 +523,12 @@ def _write_lines(path: Path, lines: Sequence[str]) -> None:
 def build_cmn_eng(cmn_txt: Path, out: Path) -> None:
     """The data README's split of Tatoeba ``cmn.txt`` into train/valid/test (steps 1-6, exactly)."""
     pairs: list[tuple[str, str]] = []
-    for line in read_text_file(cmn_txt).split("\n"):
+    for lineno, line in enumerate(read_text_file(cmn_txt).split("\n"), 1):
         if not line:
             continue
         fields_ = line.split("\t")
+        if len(fields_) < 2:
+            raise DataError(f"{cmn_txt}:{lineno}: expected English<TAB>Chinese<TAB>attribution, got {line[:60]!r}")
         en, zh = fields_[0], fields_[1]
         en, zh = (s.replace("\ufeff", "").replace("\u200b", "").strip() for s in (en, zh))
         pairs.append((en, zh))
@@ -603,7 +601,9 @@ def fetch(
     Multi30K and Tiny Shakespeare are the source files themselves (gunzipped for Multi30K). For
     cmn-eng, iwslt15-zh-en and tang-poems the files are rebuilt from the source by the procedure the
     data README describes; the sha256 check then tells whether the rebuild matches the recorded files
-    exactly. Nothing is moved into ``dest`` unless every file verifies.
+    exactly. (These rebuilds follow the README step by step but could not be run against the live
+    sources when this was written: no network. If one does not verify, the error says so and where
+    to put files obtained otherwise.) Nothing is moved into ``dest`` unless every file verifies.
 
     Args:
         name: a registered corpus.

@@ -13,12 +13,17 @@ things that make attention necessary:
   training (:data:`HELD_OUT`); every validation and test sentence contains at least one of them, so
   the test set measures translation of unseen sentences, although every word occurs in training.
 
+Learnability, measured on the 2-core development CPU with a throwaway ``torch.nn.Transformer``
+(d_model 128, 2+2 layers, 4 heads, joint BPE of 200-400 tokens, batch 64, greedy decoding): test BLEU
+97 after 60 s and 99 after 120 s of training, on test sentences that are all unseen combinations.
+
 The demo's showcase, :data:`SEED_SENTENCE` ``小明累了，他想睡觉。`` -> ``Xiaoming is tired, he wants to
 sleep.``, is such an unseen sentence: (小明, 累了) and (小明, 睡觉) are both held out.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -167,10 +172,14 @@ def _sensible(template: str, wish: str, place: str | None) -> bool:
     return template == "place_state" and place != "在家"
 
 
+_TEMPLATE_NAMES = sorted(TEMPLATES)
+_SLOTS = {t: _slots(t) for t in TEMPLATES}
+
+
 def sample_example(rng: random.Random) -> Example:
     """A random sentence: a template drawn uniformly, then each of its slots uniformly."""
-    template = rng.choice(sorted(TEMPLATES))
-    slots = _slots(template)
+    template = rng.choice(_TEMPLATE_NAMES)
+    slots = _SLOTS[template]
     person = rng.choice(PEOPLE)[0]
     kw: dict[str, str] = {}
     if "S" in slots:
@@ -212,6 +221,12 @@ def demo_corpus(
     """
     if min(n_train, n_valid) < 0 or n_test < len(UNSEEN_EXAMPLES):
         raise ValueError(f"demo_corpus: need n_train, n_valid >= 0 and n_test >= {len(UNSEEN_EXAMPLES)}")
+    n_seen, n_unseen = _space_sizes()
+    if n_train > n_seen or n_valid + n_test > n_unseen:
+        raise ValueError(
+            f"demo_corpus: could not draw {n_train}/{n_valid}/{n_test} distinct train/valid/test pairs: the "
+            f"templates make {n_seen} sentences for train and {n_unseen} for valid + test; ask for fewer"
+        )
     rng = random.Random(seed)
     test: dict[tuple[str, str], None] = dict.fromkeys(UNSEEN_EXAMPLES)
     valid: dict[tuple[str, str], None] = {}
@@ -240,8 +255,16 @@ def demo_corpus(
             (("train", train), ("valid", valid), ("test", test))}
 
 
-def all_examples() -> list[Example]:
-    """Every sentence the templates can produce (about 90,000), in a fixed order."""
+@functools.lru_cache(maxsize=1)
+def _space_sizes() -> tuple[int, int]:
+    """(sentences without, sentences with a held-out combination)."""
+    held = sum(e.held_out for e in all_examples())
+    return len(all_examples()) - held, held
+
+
+@functools.lru_cache(maxsize=1)
+def all_examples() -> tuple[Example, ...]:
+    """Every sentence the templates can produce (50,960), in a fixed order."""
     out = []
     people = [p for p, *_ in PEOPLE]
     for template in sorted(TEMPLATES):
@@ -259,7 +282,7 @@ def all_examples() -> list[Example]:
                                 continue
                             for time in times:
                                 out.append(Example(template, person, state, wish, wish2, place, time))
-    return out
+    return tuple(out)
 
 
 __all__ = [

@@ -25,11 +25,21 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n", 1)[1],
     )
-    p.add_argument("--run", metavar="DIR", help="run directory of a trained model: adds figure 6, its attention maps")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
-    p.add_argument("--export", metavar="PAGE.html", help="write one self-contained HTML file instead of serving")
-    p.add_argument("--text", help="text figure 6 starts with; with --run --export, the text whose maps are embedded")
+    p.add_argument(
+        "--run", metavar="DIR", help="run directory of a trained model: adds figure 6, its attention maps"
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
+    )
+    p.add_argument(
+        "--export", metavar="PAGE.html", help="write one self-contained HTML file instead of serving"
+    )
+    p.add_argument(
+        "--text", help="text figure 6 starts with; with --run --export, the text whose maps are embedded"
+    )
     p.set_defaults(func=run)
 
 

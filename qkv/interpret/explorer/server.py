@@ -221,6 +221,10 @@ class ExplorerHandler(BaseHTTPRequestHandler):
         except KeyError:
             short = "error"
         self.close_connection = True
+        if self.request_version in ("", "HTTP/0.9"):
+            # The request line did not parse: answer with a full HTTP/1.1 status line and headers
+            # rather than a bare HTTP/0.9 body, so every client sees the status code.
+            self.request_version = "HTTP/1.1"
         try:
             self._send_json(code, {"error": message or short})
         except OSError:
@@ -263,6 +267,8 @@ class ExplorerHandler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET for /api/status")
             self._send_json(HTTPStatus.OK, self._status())
         elif path == "/api/attention":
+            if method == "HEAD":  # would run the model for nothing
+                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET or POST for /api/attention")
             text = self._read_body_text() if method == "POST" else self._query_text(query)
             self._attention(text)
         else:
@@ -281,7 +287,7 @@ class ExplorerHandler(BaseHTTPRequestHandler):
 
     def _query_text(self, query: str) -> str:
         try:
-            fields = parse_qs(query, keep_blank_values=True, strict_parsing=False, errors="strict", max_num_fields=8)
+            fields = parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=8)
         except (ValueError, UnicodeDecodeError) as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad query string: {err}") from None
         values = fields.get("text")
@@ -294,7 +300,9 @@ class ExplorerHandler(BaseHTTPRequestHandler):
     def _read_body_text(self) -> str:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
-            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length")
+            raise RequestError(
+                HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length"
+            )
         length_s = self.headers.get("Content-Length")
         if length_s is None:
             self.close_connection = True
@@ -308,7 +316,9 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_s!r}") from None
         if length > MAX_BODY_BYTES:
             self.close_connection = True  # The body is left unread: the connection cannot be reused.
-            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes")
+            raise RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes"
+            )
         body = self.rfile.read(length)
         if len(body) != length:
             self.close_connection = True
@@ -345,11 +355,15 @@ class ExplorerHandler(BaseHTTPRequestHandler):
         except Exception:  # noqa: BLE001
             if not self.server.quiet:
                 traceback.print_exc(file=sys.stderr)
-            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, "the attention provider failed (see the server log)") from None
+            raise RequestError(
+                HTTPStatus.INTERNAL_SERVER_ERROR, "the attention provider failed (see the server log)"
+            ) from None
         try:
             data = normalize_attention_data(raw)
         except AttentionDataError as err:
-            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the attention provider returned bad data: {err}") from None
+            raise RequestError(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"the attention provider returned bad data: {err}"
+            ) from None
         data.setdefault("text", text)
         self._send_json(HTTPStatus.OK, data)
 

@@ -303,7 +303,7 @@
     var table = h("table", { "class": "qk", "data-testid": "fig3-table" });
     var headRow = h("tr", {}, [h("th", { "class": "corner" }, ["query ↓", h("br"), "key →"])]);
     F.TOKENS.forEach(function (t, j) { headRow.appendChild(h("th", { scope: "col" }, [tokChip(j)])); });
-    headRow.appendChild(h("th", { "class": "corner", text: "row sum" }));
+    headRow.appendChild(h("th", { "class": "corner sum", text: "row sum" }));
     table.appendChild(h("thead", {}, [headRow]));
     var body = h("tbody");
     var cells = [];
@@ -642,13 +642,37 @@
     draw();
   }
 
+  // Long texts: one canvas instead of T x L SVG rectangles (250,000 elements would freeze the page).
+  function heatmapCanvas(parent, qTok, kTok, w, info) {
+    var T = qTok.length, L = kTok.length;
+    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(T, L))));
+    var canvas = h("canvas", { width: String(L * cell), height: String(T * cell), "class": "heatmap-canvas",
+      "aria-label": "attention heatmap, " + T + " queries by " + L + " keys" });
+    var ctx = canvas.getContext("2d");
+    for (var r = 0; r < T; r++) {
+      for (var l = 0; l < L; l++) {
+        ctx.fillStyle = tint("#2f6fd0", 0.04 + 0.96 * Math.min(1, Math.max(0, w[r][l])));
+        ctx.fillRect(l * cell, r * cell, cell, cell);
+      }
+    }
+    canvas.addEventListener("mousemove", function (e) {
+      var box = canvas.getBoundingClientRect();
+      var ll = Math.floor((e.clientX - box.left) / box.width * L), rr = Math.floor((e.clientY - box.top) / box.height * T);
+      if (rr >= 0 && rr < T && ll >= 0 && ll < L) info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
+    });
+    info.textContent = T + " queries (rows) × " + L + " keys (columns); hover the map.";
+    parent.appendChild(canvas);
+  }
+
   function heatmap(parent, qTok, kTok, w, info) {
     var T = qTok.length, L = kTok.length;
-    var cell = Math.max(6, Math.min(34, Math.floor(560 / Math.max(T, L, 1))));
+    if (T * L > 6400) { heatmapCanvas(parent, qTok, kTok, w, info); return; }
+    var cell = Math.max(6, Math.min(44, Math.floor(560 / Math.max(T, L, 1))));
     var labels = cell >= 12;
     var left = labels ? 90 : 10, top = labels ? 70 : 10;
     var W = left + L * cell + 10, H = top + T * cell + 10;
-    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "attention heatmap" });
+    // Natural size (capped by CSS max-width): a short sentence stays small instead of filling the page.
+    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": "attention heatmap" });
     function label(t) { return t.length > 10 ? t.slice(0, 9) + "…" : t; }
     if (labels) {
       kTok.forEach(function (t, l) {
@@ -666,6 +690,12 @@
           "data-r": String(r), "data-l": String(l)
         }, g);
         rect.addEventListener("mouseenter", onHover);
+        if (cell >= 30) {
+          s("text", {
+            x: left + l * cell + (cell - 1) / 2, y: top + r * cell + cell * 0.62, "text-anchor": "middle",
+            "class": "cellpct" + (w[r][l] > 0.5 ? " dark" : ""), text: (100 * w[r][l]).toFixed(0)
+          }, g);
+        }
       }
     }
     function onHover(e) {

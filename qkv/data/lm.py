@@ -1,0 +1,183 @@
+"""Language-modelling data: a corpus tokenized once into a memory-mapped array, cut into random windows.
+
+A GPT is trained on raw text by next-token prediction (DESIGN item 8): any window of ``context + 1``
+consecutive tokens gives ``context`` training examples at once (input ``w[:-1]``, target ``w[1:]``).
+As in nanoGPT, the text is tokenized once and stored as a flat array of uint16 ids (uint32 when the
+vocabulary has more than 65,536 entries), read through ``np.memmap`` so that a corpus larger than memory
+costs nothing to open. The split is by position: the first 90% of the tokens train, the last 10%
+validate, so validation text is never seen in training (no window crosses the boundary).
+
+The array file carries a JSON sidecar with a fingerprint of the text and of the tokenizer: a changed
+corpus or tokenizer is re-tokenized, never silently reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TOKENS_FILE = "tokens.bin"
+_META_SUFFIX = ".json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id: uint16 up to 65,536 entries, else uint32."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def fingerprint(text: str, tokenizer_id: str) -> str:
+    """sha256 over the text and a string naming the tokenizer (its saved JSON), to key the token cache."""
+    h = hashlib.sha256()
+    h.update(tokenizer_id.encode("utf-8"))
+    h.update(b"\0")
+    h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: str = "") -> np.memmap:
+    """Encode ``text`` once and write the ids to ``path`` (plus ``path.json``); reuse it if it matches.
+
+    Args:
+        text: The whole corpus.
+        tokenizer: Anything with ``encode(text) -> list[int]`` and ``vocab_size``.
+        path: The array file (``RUN/tokens.bin``); written atomically (temp file, then rename).
+        tokenizer_id: A string that changes when the tokenizer does (e.g. its ``tokenizer.json``); with
+            the text it forms the fingerprint that decides whether an existing file can be reused.
+
+    Returns:
+        The ids, memory-mapped read-only, shape (N,).
+    """
+    path = Path(path)
+    meta_path = path.with_suffix(path.suffix + _META_SUFFIX)
+    key = fingerprint(text, tokenizer_id)
+    dtype = token_dtype(tokenizer.vocab_size)
+    if path.is_file() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            meta = {}
+        if meta.get("fingerprint") == key and meta.get("dtype") == dtype.name:
+            return load_tokens(path)
+    ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+    if ids.size < 2:
+        raise ValueError(f"{path}: the corpus has {ids.size} tokens; a language model needs at least 2")
+    if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
+        raise ValueError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    ids.astype(dtype).tofile(tmp)
+    os.replace(tmp, path)
+    meta = {"fingerprint": key, "dtype": dtype.name, "length": int(ids.size), "vocab_size": tokenizer.vocab_size}
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return load_tokens(path)
+
+
+def load_tokens(path: str | Path) -> np.memmap:
+    """Open a token file written by :func:`tokenize_to_file`, read-only and memory-mapped."""
+    path = Path(path)
+    meta_path = path.with_suffix(path.suffix + _META_SUFFIX)
+    if not path.is_file() or not meta_path.is_file():
+        raise FileNotFoundError(f"{path}: no token file (and {meta_path.name}); tokenize the corpus first")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    arr = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+    if arr.shape[0] != meta["length"]:
+        raise ValueError(f"{path}: holds {arr.shape[0]} tokens, {meta_path.name} says {meta['length']} (truncated?)")
+    return arr
+
+
+def split_by_position(tokens: np.ndarray, valid_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``1 - valid_fraction`` of the tokens for training, the rest for validation (views, no copy)."""
+    if not 0.0 < valid_fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+    n = int(len(tokens) * (1.0 - valid_fraction))
+    return tokens[:n], tokens[n:]
+
+
+def windows_at(tokens: np.ndarray, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets of the windows starting at ``starts``.
+
+    Returns:
+        x, y: (B, context) int64 each, ``y[:, t] == x[:, t + 1]`` shifted by one token.
+    """
+    rows = np.stack([np.asarray(tokens[int(i): int(i) + context + 1], dtype=np.int64) for i in starts.tolist()])
+    w = torch.from_numpy(rows)  # (B, context + 1)
+    return w[:, :-1], w[:, 1:]
+
+
+@dataclass
+class LMData:
+    """Train and validation token arrays of one corpus, and random windows of them.
+
+    Batches are drawn with this object's own ``torch.Generator`` (not the global one), whose state is
+    saved in a checkpoint (:meth:`state_dict`), so a resumed run draws exactly the windows the
+    uninterrupted run would have drawn.
+
+    Args:
+        train: (N_train,) token ids.
+        valid: (N_valid,) token ids.
+        seed: Seed of the window sampler.
+    """
+
+    train: np.ndarray
+    valid: np.ndarray
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    @classmethod
+    def from_tokens(cls, tokens: np.ndarray, valid_fraction: float = 0.1, seed: int = 0) -> LMData:
+        train, valid = split_by_position(tokens, valid_fraction)
+        return cls(train, valid, seed)
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in ("train", "valid"):
+            raise ValueError(f"split must be 'train' or 'valid', got {name!r}")
+        return self.train if name == "train" else self.valid
+
+    def check_context(self, context: int) -> None:
+        """Both splits must hold at least one window of ``context + 1`` tokens."""
+        for name in ("train", "valid"):
+            n = len(self.split(name))
+            if n < context + 1:
+                raise ValueError(
+                    f"the {name} split has {n} tokens, fewer than one window of context {context} + 1; "
+                    "use a shorter context or a larger corpus"
+                )
+
+    def get_batch(
+        self, split: str, batch_size: int, context: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch_size`` windows at uniformly random positions of ``split`` (nanoGPT's ``get_batch``).
+
+        Args:
+            split: ``"train"`` or ``"valid"``.
+            batch_size: Windows per batch.
+            context: Tokens per window (the model reads ``context``, predicts ``context``).
+            generator: The sampler to draw from; this object's own by default.
+
+        Returns:
+            x, y: (B, context) int64 inputs and targets (on CPU).
+        """
+        data = self.split(split)
+        high = len(data) - context
+        if high < 1:
+            self.check_context(context)
+        starts = torch.randint(high, (batch_size,), generator=generator or self.generator)  # (B,)
+        return windows_at(data, starts, context)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue the same sequence of windows."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,5 @@
+"""Evaluation: translation quality with sacreBLEU (BLEU, chrF)."""
+
+from qkv.evaluation.bleu import corpus_bleu, corpus_chrf, score, score_files
+
+__all__ = ["corpus_bleu", "corpus_chrf", "score", "score_files"]

@@ -1,0 +1,121 @@
+"""Loss and perplexity of a language model on a token array: a full pass, or nanoGPT's random-window estimate.
+
+Perplexity is exp(mean next-token negative log-likelihood, in nats). Two estimators:
+
+- :func:`evaluate_tokens`: every token of the array once, in consecutive non-overlapping windows of the
+  context length (deterministic; what the benchmark tables quote as "full").
+- :func:`estimate_loss`: the mean over ``iters`` batches of random windows drawn with a fixed seed, as
+  nanoGPT's ``estimate_loss`` does; cheap enough to run during training, and with the seed fixed every
+  call sees the same windows, so successive values are comparable.
+
+Both predict each token from the tokens before it inside its window, so they agree in expectation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.data.lm import windows_at
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate_tokens(
+    model: nn.Module,
+    tokens: np.ndarray,
+    context: int,
+    batch_size: int = 32,
+    max_windows: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
+    """Mean next-token NLL over ``tokens`` in non-overlapping windows of ``context`` predictions.
+
+    Args:
+        model: Maps (B, T) ids to (B, T, V) logits.
+        tokens: (N,) ids (e.g. the validation split).
+        context: Predictions per window (the model reads ``context`` tokens).
+        batch_size: Windows per forward pass.
+        max_windows: Stop after this many windows (None: the whole array).
+        autocast_dtype: bf16 on CUDA, None for fp32.
+
+    Returns:
+        ``{"loss": nats per token, "ppl": exp(loss), "tokens": tokens scored}``.
+    """
+    if len(tokens) < 2:
+        raise ValueError(f"need at least 2 tokens to score, got {len(tokens)}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    starts = list(range(0, len(tokens) - 1, context))
+    if max_windows is not None:
+        starts = starts[:max_windows]
+    total, count = 0.0, 0
+    try:
+        # Full windows in batches; the last, shorter window (if any) on its own.
+        full = [s for s in starts if s + context + 1 <= len(tokens)]
+        tail = [s for s in starts if s + context + 1 > len(tokens)]
+        for i in range(0, len(full), batch_size):
+            x, y = windows_at(tokens, torch.tensor(full[i:i + batch_size]), context)  # (B, T) each
+            with _autocast(device, autocast_dtype):
+                logits = model(x.to(device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+            count += y.numel()
+        for s in tail:
+            n = len(tokens) - 1 - s
+            x, y = windows_at(tokens, torch.tensor([s]), n)
+            with _autocast(device, autocast_dtype):
+                logits = model(x.to(device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
+
+
+@torch.no_grad()
+def estimate_loss(
+    model: nn.Module,
+    tokens: np.ndarray,
+    context: int,
+    batch_size: int,
+    iters: int,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+) -> float:
+    """nanoGPT's estimate: the mean loss of ``iters`` batches of random windows, drawn with ``seed``.
+
+    The windows come from a private generator, so calling this never moves the training sampler or the
+    global RNG (a run evaluated more or less often still trains on the same batches).
+    """
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    high = len(tokens) - context
+    if high < 1:
+        raise ValueError(f"{len(tokens)} tokens hold no window of context {context} + 1")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    losses = []
+    try:
+        for _ in range(iters):
+            x, y = windows_at(tokens, torch.randint(high, (batch_size,), generator=gen), context)
+            with _autocast(device, autocast_dtype):
+                logits = model(x.to(device))
+            losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).item())
+    finally:
+        model.train(was_training)
+    return sum(losses) / len(losses)

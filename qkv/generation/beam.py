@@ -1,0 +1,226 @@
+"""Decoding an encoder-decoder: greedy search and batched beam search, with the KV cache.
+
+"We used beam search with a beam size of 4 and length penalty alpha = 0.6 ... We set the maximum
+output length during inference to input length + 50, but terminate early when possible" (Section 6.1).
+
+Both searches encode the sources once; with the cache, each step feeds the decoder only the newest
+token, decoder self-attention appends one position to its cache, and cross-attention keys and values
+are computed from the encoder output once per source. Beam search reorders the caches with the
+surviving hypotheses after every step (``model.reorder_cache``), or a hypothesis would continue from
+another's past. A sentence leaves the batch as soon as it is done, so the rest decode a smaller batch.
+
+The length penalty is GNMT's (Wu et al., 2016), which the paper's alpha refers to:
+``lp(Y) = ((5 + |Y|) / 6) ** alpha`` and a finished hypothesis scores ``log P(Y | X) / lp(Y)``, with
+``|Y|`` counting the ``<eos>``. A hypothesis is finished when it emits ``<eos>`` among the ``beam_size``
+best candidates of a step; a sentence is done when it has ``beam_size`` finished hypotheses (as
+fairseq), or when it reaches its maximum length, where ``<eos>`` is the only token allowed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.modules.masks import padding_mask
+
+
+class Hypothesis(NamedTuple):
+    """One output of beam search.
+
+    Attributes:
+        tokens: the generated ids, without ``<bos>`` and ``<eos>``.
+        score: ``logprob / lp(len(tokens) + 1)``, what hypotheses are ranked by.
+        logprob: the sum of the log-probabilities of the tokens and of the final ``<eos>``.
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha; 1 for alpha = 0 (no normalization)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_new_tokens(src: Tensor, pad_id: int, model_max_len: int, extra: int = 50,
+                   limit: int | None = None) -> Tensor:
+    """Per sentence, the most tokens to generate before ``<eos>``: source length + ``extra``.
+
+    Args:
+        src: (B, S) right-padded source ids.
+        pad_id: padding id.
+        model_max_len: the decoder's positions; ``<bos>`` takes one, so at most ``model_max_len - 1``.
+        extra: the paper's 50.
+        limit: if given, use this for every sentence instead of source length + extra (still capped).
+
+    Returns:
+        (B,) long tensor.
+    """
+    if limit is not None:
+        lengths = torch.full((src.shape[0],), int(limit), dtype=torch.long, device=src.device)
+    else:
+        lengths = (src != pad_id).sum(dim=1) + extra
+    return lengths.clamp(min=0, max=model_max_len - 1)
+
+
+def _only_eos(logits: Tensor, rows: Tensor, eos_id: int) -> Tensor:
+    """Make ``<eos>`` the only possible token on the rows where ``rows`` is True."""
+    if bool(rows.any()):
+        forbid = torch.ones_like(logits[0], dtype=torch.bool)
+        forbid[eos_id] = False
+        logits = logits.masked_fill(rows[:, None] & forbid[None, :], float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
+                  limit: int | None = None, use_cache: bool = True) -> list[list[int]]:
+    """The most likely next token at every step, for a batch of sources.
+
+    Args:
+        model: a :class:`~qkv.models.transformer.Transformer`.
+        src: (B, S) source ids, right-padded with ``model.cfg.pad_id``.
+        bos_id, eos_id: the target start and end ids.
+        extra: maximum output length = source length + ``extra`` (see :func:`max_new_tokens`).
+        limit: a fixed maximum output length instead.
+        use_cache: False recomputes the whole prefix every step (slow; for testing the cache).
+
+    Returns:
+        For each source, the generated ids without ``<bos>`` and ``<eos>``.
+    """
+    was_training = model.training
+    model.eval()
+    b = src.shape[0]
+    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
+    steps = int(limits.max()) if b else 0
+    out: list[list[int]] = [[] for _ in range(b)]
+    alive = torch.arange(b, device=src.device)  # the original rows still decoding
+    tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (N, t + 1)
+    try:
+        if use_cache:
+            model.setup_cache(b, steps + 1)
+        for t in range(steps + 1):  # t tokens generated so far
+            if use_cache:
+                logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N, V)
+            else:
+                logits = model.decode(tokens, memory, src_mask)[:, -1]  # (N, V)
+            logits = _only_eos(logits, limits[alive] <= t, eos_id)
+            nxt = logits.argmax(dim=-1)  # (N,)
+            ended = nxt == eos_id
+            for row, tok in zip(alive.tolist(), nxt.tolist()):
+                if tok != eos_id:
+                    out[row].append(tok)
+            if bool(ended.all()):
+                break
+            if bool(ended.any()):
+                keep = (~ended).nonzero().squeeze(1)  # (N',)
+                alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
+                memory = memory[keep]
+                if use_cache:
+                    model.reorder_cache(keep)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+    finally:
+        if use_cache:
+            model.clear_cache()
+        model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4, alpha: float = 0.6,
+                n_best: int = 1, extra: int = 50, limit: int | None = None,
+                use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Beam search over a batch of sources (Section 6.1: beam 4, alpha 0.6, max length source + 50).
+
+    Args:
+        model: a :class:`~qkv.models.transformer.Transformer`.
+        src: (B, S) source ids, right-padded with ``model.cfg.pad_id``.
+        bos_id, eos_id: the target start and end ids.
+        beam_size: hypotheses kept per sentence (1 = greedy search).
+        alpha: length penalty exponent (0: rank by plain log-probability).
+        n_best: hypotheses returned per sentence, best first (at most ``beam_size``).
+        extra: maximum output length = source length + ``extra``.
+        limit: a fixed maximum output length instead.
+        use_cache: False recomputes the whole prefix every step (slow; for testing the cache).
+
+    Returns:
+        For each source, up to ``n_best`` :class:`Hypothesis`, best first.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+    was_training = model.training
+    model.eval()
+    b, k, device = src.shape[0], beam_size, src.device
+    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
+    steps = int(limits.max()) if b else 0
+    # Every sentence has k rows, one per hypothesis: row i * k + j is hypothesis j of sentence i.
+    memory = memory.repeat_interleave(k, dim=0)  # (B * K, S, D)
+    src_mask = src_mask.repeat_interleave(k, dim=0)  # (B * K, 1, 1, S)
+    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (N * K, t + 1)
+    # Cumulative log-probabilities; all hypotheses start as the same empty one, so only the first
+    # may expand at step 0 (or the beam would fill with k copies of the same token).
+    scores = torch.full((b, k), float("-inf"), device=device)  # (N, K)
+    scores[:, 0] = 0.0
+    sentences = torch.arange(b, device=device)  # original index of each sentence still decoding
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    try:
+        if use_cache:
+            model.setup_cache(b * k, steps + 1)
+        for t in range(steps + 1):  # t tokens generated so far
+            n = sentences.shape[0]
+            if use_cache:
+                logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N * K, V)
+            else:
+                logits = model.decode(tokens, memory, src_mask)[:, -1]  # (N * K, V)
+            at_limit = limits[sentences] <= t  # (N,)
+            logp = F.log_softmax(logits.float(), dim=-1)
+            logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
+            vocab = logp.shape[-1]
+            candidates = scores[:, :, None] + logp.view(n, k, vocab)  # (N, K, V)
+            # 2k candidates: even if k of them end with <eos>, k others can continue.
+            top_scores, top_ids = candidates.view(n, k * vocab).topk(min(2 * k, k * vocab), dim=-1)  # (N, 2K)
+            from_beam = torch.div(top_ids, vocab, rounding_mode="floor")  # (N, 2K)
+            top_tokens = top_ids % vocab  # (N, 2K)
+            is_eos = top_tokens == eos_id
+            # <eos> among the k best candidates finishes a hypothesis.
+            ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (N, K)
+            if bool(ends.any()):
+                lp = length_penalty(t + 1, alpha)
+                for i, j in ends.nonzero().tolist():
+                    row = i * k + int(from_beam[i, j])
+                    logprob = float(top_scores[i, j])
+                    finished[int(sentences[i])].append(Hypothesis(tokens[row, 1:].tolist(), logprob / lp, logprob))
+            done = at_limit | torch.tensor([len(finished[int(s)]) >= k for s in sentences.tolist()], device=device)
+            if bool(done.all()):
+                break
+            # The k best candidates that do not end continue.
+            alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=-1)  # (N, K)
+            beams = from_beam.gather(1, pick)  # (N, K)
+            next_tokens = top_tokens.gather(1, pick)  # (N, K)
+            keep = (~done).nonzero().squeeze(1)  # (N',)
+            rows = (keep[:, None] * k + beams[keep]).reshape(-1)  # (N' * K,) rows the survivors extend
+            tokens = torch.cat([tokens[rows], next_tokens[keep].reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
+            scores = alive_scores[keep]
+            sentences = sentences[keep]
+            src_mask = src_mask[rows]
+            memory = memory[rows] if not use_cache else None
+            if use_cache:
+                model.reorder_cache(rows)
+    finally:
+        if use_cache:
+            model.clear_cache()
+        model.train(was_training)
+    return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+__all__ = ["Hypothesis", "length_penalty", "max_new_tokens", "greedy_search", "beam_search"]

@@ -1,0 +1,210 @@
+"""Completer: text in, text out for a GPT, with tokens streamed as they come, stop strings and a seed.
+
+    completer = Completer.from_run("runs/shakespeare")
+    completer.complete("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1, stream=sys.stdout)
+
+Generation is a prefill of the prompt, then one cached step per new token (:mod:`qkv.modules.kv_cache`).
+An empty prompt starts from the run's start text (a newline for Shakespeare, as nanoGPT samples) or
+the ``<bos>`` token. A prompt that does not fit the context is an error, unless ``sliding_window``:
+then the model sees the last ``max_len`` tokens, and once the window is full each step recomputes it
+(nanoGPT's crop; learned positions cannot be shifted inside a cache).
+
+Streaming writes only text that is final: a byte-level token may end in the middle of a UTF-8
+character, and text that could be the start of a stop string is held back until it is not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import torch
+
+from qkv.generation.decode import generate
+from qkv.generation.sampling import check_sampling_args, next_token
+
+
+class Completer:
+    """Continue text with a GPT and its tokenizer.
+
+    Args:
+        model: A :class:`qkv.models.gpt.GPT` (put in eval mode here).
+        tokenizer: Its tokenizer (``encode``, ``decode``, ``eos_id``, ``bos_id``).
+        start_text: What an empty prompt starts from; ``""`` means the ``<bos>`` token.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, start_text: str = "\n") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.start_text = start_text
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: str | None = None, weights: str = "model") -> Completer:
+        """Load the model, tokenizer and start text of a run directory (``qkv train lm`` or ``qkv finetune``)."""
+        from qkv.training.lm_run import load_run
+
+        model, tokenizer, recipe = load_run(run_dir, device=device, which=weights)
+        return cls(model, tokenizer, start_text=recipe.data.start)
+
+    @property
+    def context(self) -> int:
+        return self.model.cfg.max_len
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of ``prompt``; an empty prompt becomes the start text's ids, or ``<bos>``."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        if prompt:
+            return self.tokenizer.encode(prompt)
+        if self.start_text:
+            return self.tokenizer.encode(self.start_text)
+        if self.tokenizer.bos_id is None:
+            raise ValueError("an empty prompt needs a start token, and this tokenizer has no <bos>; give a prompt")
+        return [self.tokenizer.bos_id]
+
+    def _check(self, n_prompt: int, max_new_tokens: int, sliding_window: bool) -> None:
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not sliding_window and n_prompt + max_new_tokens > self.context:
+            raise ValueError(
+                f"the prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
+                f"{self.context} tokens; shorten the prompt, ask for fewer tokens, or use a sliding window "
+                "(--sliding-window)"
+            )
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.no_grad()
+    def complete(
+        self,
+        prompt: str,
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stream: TextIO | None = None,
+        sliding_window: bool = False,
+    ) -> str:
+        """The continuation of ``prompt`` (without the prompt).
+
+        Args:
+            prompt: Text to continue; empty starts from the start text.
+            max_new_tokens: Most tokens to generate.
+            temperature: 0 is greedy; otherwise sample from softmax(logits / temperature).
+            top_k: Sample among the k most likely tokens (0 or None: all).
+            top_p: Sample within the smallest set of tokens whose probability reaches top_p, in (0, 1].
+            seed: Makes sampling reproducible.
+            stop: Strings that end the completion; the first one found is cut off with what follows.
+            stream: Write the text there as it is generated (e.g. ``sys.stdout``), flushed per token.
+            sliding_window: Let the prompt and the output exceed the context (see the module docstring).
+
+        Returns:
+            The generated text, cut before the first stop string; ``<eos>`` ends it too.
+        """
+        check_sampling_args(temperature, top_k, top_p)
+        stop = [s for s in stop if s]
+        ids = self.encode_prompt(prompt)
+        self._check(len(ids), max_new_tokens, sliding_window)
+        gen = self._generator(seed)
+        model, ctx, eos = self.model, self.context, self.tokenizer.eos_id
+        out: list[int] = []
+        text, emitted = "", 0
+        window = ids[-ctx:]
+        if max_new_tokens == 0:
+            return ""
+        try:
+            model.setup_cache(1, ctx)
+            logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
+            cached = len(window)
+            for i in range(max_new_tokens):
+                tok = int(next_token(logits, temperature, top_k, top_p, gen)[0])
+                if eos is not None and tok == eos:
+                    break
+                out.append(tok)
+                text = self.tokenizer.decode(out)
+                cut = _first_stop(text, stop)
+                if cut is not None:
+                    text = text[:cut]
+                    break
+                if stream is not None:
+                    safe = _safe_length(text, stop)
+                    if safe > emitted:
+                        stream.write(text[emitted:safe])
+                        stream.flush()
+                        emitted = safe
+                if i == max_new_tokens - 1:
+                    break
+                if cached < ctx:
+                    logits = model(torch.tensor([[tok]], device=self.device))[:, -1]  # one cached step
+                    cached += 1
+                else:
+                    # The window is full: drop the cache and recompute the last ctx tokens each step.
+                    model.clear_cache()
+                    window = (ids + out)[-ctx:]
+                    logits = model(torch.tensor([window], device=self.device))[:, -1]
+        finally:
+            model.clear_cache()
+        if stream is not None and len(text) > emitted:
+            stream.write(text[emitted:])
+            stream.flush()
+        return text
+
+    @torch.no_grad()
+    def complete_batch(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> list[str]:
+        """Complete several prompts in one batch (left-padded, one cached step per token for all rows).
+
+        The same as :meth:`complete` for each prompt with greedy decoding; sampled rows draw from one
+        generator, so they differ from one-at-a-time sampling with the same seed.
+        """
+        check_sampling_args(temperature, top_k, top_p)
+        if not prompts:
+            return []
+        encoded = [self.encode_prompt(p) for p in prompts]
+        for p in encoded:
+            self._check(len(p), max_new_tokens, False)
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed))
+        eos = self.tokenizer.eos_id
+        texts = []
+        for row in rows:
+            if eos is not None and eos in row:
+                row = row[: row.index(eos)]
+            text = self.tokenizer.decode(row)
+            cut = _first_stop(text, [s for s in stop if s])
+            texts.append(text if cut is None else text[:cut])
+        return texts
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index of the earliest stop string in ``text``, or None."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return min(found) if found else None
+
+
+def _safe_length(text: str, stop: Sequence[str]) -> int:
+    """How much of ``text`` can be written now: not a trailing partial character (U+FFFD from a cut UTF-8
+    sequence), and not a tail that could still grow into a stop string."""
+    n = len(text)
+    while n > 0 and text[n - 1] == "\ufffd":
+        n -= 1
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, n), 0, -1):
+            if text[n - k:n] == s[:k]:
+                hold = max(hold, k)
+                break
+    return n - hold

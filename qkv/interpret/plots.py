@@ -1,0 +1,84 @@
+"""Attention heatmaps as PNG files: one head, or a grid of every head of a layer.
+
+matplotlib is imported lazily (Agg backend, no display needed). Chinese tokens need a CJK font:
+the first installed one of ``CJK_FONTS`` is used (on Debian: ``apt-get install fonts-wqy-microhei``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from torch import Tensor
+
+CJK_FONTS = (
+    "WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
+    "Source Han Sans CN", "PingFang SC", "Microsoft YaHei", "SimHei", "Heiti SC", "Arial Unicode MS",
+)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    cjk = [name for name in CJK_FONTS if name in installed]
+    plt.rcParams["font.family"] = ["DejaVu Sans", *cjk[:1]]
+    plt.rcParams["axes.unicode_minus"] = False
+    return plt, bool(cjk)
+
+
+def _needs_cjk(labels: Sequence[str]) -> bool:
+    return any("\u3000" <= ch <= "\u9fff" or "\uff00" <= ch <= "\uffef" for label in labels for ch in label)
+
+
+def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str], out_png: str | Path,
+                   title: str = "", heads: Sequence[int] | None = None, cols: int = 4) -> Path:
+    """Heatmaps of one layer's attention: rows are queries, columns keys.
+
+    Args:
+        weights: (H, T, L) or (T, L) weights of one example (rows sum to 1).
+        query_tokens, key_tokens: the T and L token strings.
+        out_png: where to write the PNG.
+        heads: which heads to draw (default all, as a grid of ``cols`` columns).
+
+    Returns:
+        The path written.
+    """
+    plt, has_cjk = _pyplot()
+    if not has_cjk and _needs_cjk([*query_tokens, *key_tokens]):
+        warnings.warn("no CJK font installed: Chinese tokens will show as boxes "
+                      "(on Debian: apt-get install fonts-wqy-microhei)", stacklevel=2)
+    w = weights.detach().float().cpu()
+    if w.dim() == 2:
+        w = w[None]
+    if w.shape[-2:] != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"plot_attention: weights of shape {tuple(w.shape)} do not match "
+                         f"{len(query_tokens)} query and {len(key_tokens)} key tokens")
+    heads = list(range(w.shape[0])) if heads is None else list(heads)
+    cols = min(cols, len(heads))
+    rows = (len(heads) + cols - 1) // cols
+    cell = 0.32
+    width = max(3.0, cell * len(key_tokens) + 1.2) * cols
+    height = max(2.6, cell * len(query_tokens) + 1.2) * rows
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False)
+    for ax in axes.flat[len(heads):]:
+        ax.axis("off")
+    for ax, h in zip(axes.flat, heads):
+        ax.imshow(w[h].numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=8)
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.tick_params(length=0)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

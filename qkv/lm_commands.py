@@ -1,0 +1,208 @@
+"""The GPT commands: ``qkv train lm``, ``qkv generate``, ``qkv finetune``, ``qkv eval lm``.
+
+Results go to stdout, progress and logs to stderr. ``train`` and ``eval`` are command groups shared
+with the translation commands (``qkv train mt``): :func:`register` adds ``lm`` to them whether or not
+another module created the group first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """The sub-subparsers of command ``name`` (``train``, ``eval``), creating the command if nobody has yet."""
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help=help)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest=f"{name}_command", metavar="WHAT")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``train lm``, ``generate``, ``finetune`` and ``eval lm`` to the ``qkv`` command line."""
+    train = command_group(subparsers, "train", "train a model (lm: a GPT on raw text; mt: a translator)")
+    p = train.add_parser("lm", help="pretrain a GPT on raw text (next-token prediction)",
+                         description="Pretrain a GPT. The config's header shows an example; key=value overrides "
+                                     "any setting (train.max_iters=100, model.d_model=256).")
+    p.add_argument("--config", help="recipe YAML (configs/lm/*.yaml); with --resume, the run's own config is used")
+    p.add_argument("--run", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run exactly from its last checkpoint")
+    p.add_argument("--init-from", metavar="RUN", help="start from another run's weights and tokenizer, fresh optimizer")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a recipe setting")
+    p.set_defaults(func=_train_lm)
+
+    p = subparsers.add_parser("generate", help="continue text with a trained GPT (prompt argument or stdin lines)",
+                              description="Continue a prompt, streaming tokens to stdout. Without a prompt, reads "
+                                          "stdin line by line and writes one line per input (newlines written as \\n, "
+                                          "and \\n in an input line read as a newline).")
+    p.add_argument("--run", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
+    p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--sliding-window", action="store_true", help="allow prompts/outputs longer than the context")
+    p.add_argument("--batch-size", type=int, default=16, help="stdin lines completed together")
+    p.add_argument("--weights", default="model", choices=["model", "best", "last"])
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    p.set_defaults(func=_generate)
+
+    p = subparsers.add_parser("finetune", help="supervised fine-tuning of a GPT run, optionally mixed or LoRA",
+                              description="Fine-tune the weights of --run (fresh optimizer) on (prompt, response) "
+                                          "pairs, the loss on response tokens only.")
+    p.add_argument("--run", "--init-from", dest="base", required=True, metavar="BASE", help="the pretrained run")
+    p.add_argument("--data", required=True, help="JSONL of {prompt, response}, or CORPUS:SPLIT (e.g. cmn-eng:train)")
+    p.add_argument("--valid", help="held-out pairs for the task loss (JSONL or CORPUS:SPLIT)")
+    p.add_argument("--out", required=True, help="the new run directory")
+    p.add_argument("--config", help="YAML with the settings (its 'finetune' section, if it has one)")
+    cure = p.add_mutually_exclusive_group()
+    cure.add_argument("--mix", type=float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
+    cure.add_argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (max_iters=200, lr=1e-4)")
+    p.set_defaults(func=_finetune)
+
+    ev = command_group(subparsers, "eval", "evaluate a model (lm: loss and perplexity)")
+    p = ev.add_parser("lm", help="loss and perplexity of a GPT run on its validation split or a text file")
+    p.add_argument("--run", required=True)
+    p.add_argument("--split", default="valid", choices=["valid", "train"], help="split of the run's corpus")
+    p.add_argument("--text", help="score this UTF-8 text file instead")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-windows", type=int, default=None, help="score only the first N context windows")
+    p.add_argument("--weights", default="model", choices=["model", "best", "last"])
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_eval_lm)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _train_lm(args: argparse.Namespace) -> int:
+    from qkv.config import apply_overrides
+    from qkv.training.lm_run import load_recipe
+    from qkv.training.train_lm import load_recipe_file, train_lm
+
+    if args.resume:
+        if not args.run:
+            raise ValueError("--resume needs --run DIR")
+        recipe = load_recipe(args.run)
+        if args.overrides:
+            recipe = apply_overrides(recipe, args.overrides)
+        run = args.run
+    else:
+        if not args.config:
+            raise ValueError("give --config FILE (e.g. configs/lm/baby.yaml), or --resume --run DIR")
+        recipe = load_recipe_file(args.config, args.overrides)
+        run = args.run or str(Path("runs") / Path(args.config).stem)
+    result = train_lm(recipe, run, resume=args.resume, init_from=args.init_from, quiet=args.quiet)
+    print(json.dumps({
+        "run": str(result.run_dir), "step": result.step, "train_seconds": round(result.train_seconds, 1),
+        "valid_loss_estimate": result.valid_loss, "best_valid_estimate": result.best_valid,
+        "valid_loss_full": result.final["loss"] if result.final else None,
+    }))
+    return 0
+
+
+def _unescape(line: str) -> str:
+    return line.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from qkv.generation.completer import Completer
+
+    completer = Completer.from_run(args.run, device=args.device, weights=args.weights)
+    kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed, stop=args.stop)
+    if args.prompt is not None:
+        if args.prompt:
+            sys.stdout.write(args.prompt)
+        completer.complete(args.prompt, stream=sys.stdout, sliding_window=args.sliding_window, **kw)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 0
+    if sys.stdin.isatty():
+        raise ValueError("give a prompt, or pipe prompts on stdin (one per line)")
+    lines = [_unescape(line.rstrip("\n")) for line in sys.stdin]
+    if args.sliding_window:
+        for line in lines:
+            print(_escape(completer.complete(line, sliding_window=True, **kw)), flush=True)
+        return 0
+    for i in range(0, len(lines), args.batch_size):
+        for text in completer.complete_batch(lines[i:i + args.batch_size], **kw):
+            print(_escape(text), flush=True)
+    return 0
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from qkv.config import apply_overrides, from_dict
+    from qkv.data.sft import load_pairs
+    from qkv.training.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig()
+    if args.config:
+        import yaml
+
+        path = Path(args.config)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        section = data.get("finetune", data) if isinstance(data, dict) else data
+        cfg = from_dict(FinetuneConfig, section, where=f"{path} (finetune)")
+    overrides = list(args.overrides)
+    if args.mix is not None:
+        overrides.append(f"mix={args.mix}")
+    if args.lora is not None:
+        overrides.append(f"lora_rank={args.lora}")
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    train_pairs = load_pairs(args.data)
+    valid_pairs = load_pairs(args.valid) if args.valid else None
+    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume, quiet=args.quiet,
+                      data_spec=args.data)
+    print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.before,
+                      "after": result.after, "train_seconds": round(result.train_seconds, 1)}))
+    return 0
+
+
+def _eval_lm(args: argparse.Namespace) -> int:
+    from qkv.data.lm import TOKENS_FILE, load_tokens, split_by_position
+    from qkv.evaluation.perplexity import evaluate_tokens
+    from qkv.training.lm_run import load_run
+
+    model, tokenizer, recipe = load_run(args.run, device=args.device, which=args.weights)
+    if args.text:
+        from qkv.data.corpora import read_text_file
+
+        import numpy as np
+
+        tokens = np.asarray(tokenizer.encode(read_text_file(args.text)), dtype=np.int64)
+        what = args.text
+    else:
+        path = Path(args.run) / TOKENS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no tokenized corpus in the run; pass --text FILE")
+        train, valid = split_by_position(load_tokens(path), recipe.data.valid_fraction)
+        tokens = valid if args.split == "valid" else train
+        what = f"{recipe.data.path or recipe.data.corpus} ({args.split})"
+    out = evaluate_tokens(model, tokens, recipe.context, args.batch_size, args.max_windows)
+    if args.json:
+        print(json.dumps({"run": args.run, "data": what, **out}))
+    else:
+        print(f"{what}: loss {out['loss']:.4f} nats/token, perplexity {out['ppl']:.3f} over {out['tokens']:,} tokens")
+    return 0

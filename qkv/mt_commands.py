@@ -1,0 +1,250 @@
+"""The translation commands: ``qkv train mt``, ``qkv translate``, ``qkv eval mt`` and ``qkv demo``.
+
+Results go to stdout (translations, scores), logs and progress to stderr, so every command works in
+a pipe: ``cat news.zh | qkv translate --run runs/demo > news.en``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+from pathlib import Path
+from typing import Callable, Iterator, TextIO
+
+
+def command_group(subparsers, name: str, help: str) -> argparse._SubParsersAction:
+    """The sub-subcommands of ``qkv NAME`` (``qkv train mt``, ``qkv train lm``...), created on first use.
+
+    Several modules add kinds to the same group (translation adds ``train mt``, the GPT part adds
+    ``train lm``), so a second call finds the parser the first one created instead of replacing it.
+    """
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help=help, description=help)
+        parser.set_defaults(func=lambda args, p=parser: (p.print_help(sys.stderr), 2)[1])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest=f"{name}_kind", metavar="KIND")
+
+
+def register(subparsers) -> None:
+    """Add ``train mt``, ``translate``, ``eval mt`` and ``demo`` to the ``qkv`` command line."""
+    train = command_group(subparsers, "train", "train a model (mt: translation)")
+    p = train.add_parser("mt", help="train an encoder-decoder translation model",
+                         description="Train a translation Transformer with the paper's recipe. Example: "
+                                     "qkv train mt --config configs/mt/demo.yaml --run runs/demo max_steps=2000")
+    p.add_argument("--config", help="a YAML config (configs/mt/*.yaml); not needed with --resume")
+    p.add_argument("--run", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run")
+    p.add_argument("--data-dir", help="data root searched first for the corpus")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256 lr_factor=2")
+    p.set_defaults(func=cmd_train_mt)
+
+    p = subparsers.add_parser("translate", help="translate text with a trained run (stdin to stdout)",
+                              description="Translate stdin (or --input) line by line: one output line per input "
+                                          "line, an empty line for an empty line.")
+    p.add_argument("--run", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
+    p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, as the paper)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, as the paper)")
+    p.add_argument("--nbest", type=int, default=1, help="print the N best translations, tab-separated with scores")
+    p.add_argument("--input", "-i", help="read this file instead of stdin")
+    p.add_argument("--output", "-o", help="write this file instead of stdout")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut inputs longer than the model's positions (default: stop with an error)")
+    p.add_argument("--batch-size", type=int, default=64, help="lines translated together (default 64)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_translate)
+
+    ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF)")
+    p = ev.add_parser("mt", help="BLEU and chrF (sacreBLEU) of a run on a split, or of any two files",
+                      description="Score translations with sacreBLEU (cased, 13a) and chrF. Either --run DIR "
+                                  "--split test, or --run DIR --src FILE --ref FILE, or --hyp FILE --ref FILE.")
+    p.add_argument("--run", help="run directory to translate with")
+    p.add_argument("--split", help="a split of the run's corpus (e.g. test, valid, test2016)")
+    p.add_argument("--src", help="a source file to translate and score (with --run and --ref)")
+    p.add_argument("--hyp", help="a file of translations to score (with --ref)")
+    p.add_argument("--ref", help="the reference translations, line-aligned")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--output", "-o", help="also write the translations here")
+    p.add_argument("--data-dir", help="data root searched first for the corpus")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+    p.set_defaults(func=cmd_eval_mt)
+
+    p = subparsers.add_parser("demo", help="train a small zh->en translator in ~2 minutes and show it working",
+                              description="Train on the embedded Chinese-English demo corpus (no files, no network), "
+                                          "print the test BLEU, translate unseen sentences and draw the "
+                                          "cross-attention of the seed sentence.")
+    p.add_argument("--run", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
+    p.add_argument("--seed", type=int, default=None, help="training seed (default: the demo config's)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="demo config overrides, e.g. max_steps=200")
+    p.set_defaults(func=cmd_demo)
+
+
+# ----------------------------------------------------------------------------------------------
+# qkv train mt
+
+
+def cmd_train_mt(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from qkv.training.train_mt import load_train_config, train
+
+    if not args.config and not args.resume:
+        raise ValueError("give --config FILE (e.g. configs/mt/demo.yaml), or --run DIR --resume")
+    if args.resume and not args.run:
+        raise ValueError("--resume needs --run DIR (the run to continue)")
+    run_dir = Path(args.run) if args.run else Path("runs") / Path(args.config).stem
+    cfg = load_train_config(args.config, args.overrides, run_dir, args.resume)
+    if args.data_dir:
+        cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
+    summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# qkv translate
+
+
+def _chunks(stream: TextIO, size: int) -> Iterator[list[str]]:
+    """Lines of ``stream`` in groups of up to ``size``, without waiting for more input than is there.
+
+    A pipe that sends one line and waits for its translation gets it: a group ends when no further
+    line is ready to read (on platforms without select on pipes, every line is its own group).
+    """
+    fd = None
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        pass
+    can_poll = fd is not None and os.name == "posix"
+    group: list[str] = []
+    while True:
+        line = stream.readline()
+        if not line:
+            break
+        group.append(line.rstrip("\r\n"))
+        ready = False
+        if len(group) < size and can_poll:
+            try:
+                ready = bool(select.select([fd], [], [], 0)[0])
+            except (OSError, ValueError):
+                ready = False
+        if (not can_poll and fd is not None) or len(group) >= size or not ready:
+            # No more data now (or a full group): translate what we have before reading on.
+            if not ready or len(group) >= size or not can_poll:
+                yield group
+                group = []
+    if group:
+        yield group
+
+
+def _open_text_input(path: str | None) -> TextIO:
+    if path is None:
+        # Bad bytes become U+FFFD (then <unk>) instead of stopping the pipe.
+        return open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"input file not found: {p}")
+    return open(p, "r", encoding="utf-8", errors="replace", newline=None)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from qkv.generation.api import InputTooLongError, Translator
+
+    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam:
+        raise ValueError(f"need 1 <= --nbest <= --beam, got --nbest {args.nbest}, --beam {args.beam}")
+    translator = Translator.from_run(args.run, device=args.device)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    line_no = 0
+    try:
+        with _open_text_input(args.input) as stream:
+            for group in _chunks(stream, max(args.batch_size, 1)):
+                try:
+                    results = translator.translate_nbest(group, beam=args.beam, n_best=args.nbest, alpha=args.alpha,
+                                                         truncate=args.truncate)
+                except InputTooLongError as e:
+                    where = args.input or "stdin"
+                    raise ValueError(f"{where}, line {line_no + e.index + 1}: {e}") from None
+                for hyps in results:
+                    if args.nbest == 1:
+                        out.write(hyps[0][0] + "\n")
+                    else:
+                        out.write("\t".join(f"{text}\t{score:.4f}" for text, score in hyps) + "\n")
+                out.flush()
+                line_no += len(group)
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# qkv eval mt
+
+
+def cmd_eval_mt(args: argparse.Namespace) -> int:
+    from qkv.data.corpora import read_lines
+    from qkv.evaluation.bleu import score
+
+    if args.hyp:
+        if not args.ref:
+            raise ValueError("--hyp needs --ref (the reference translations)")
+        hyps, refs, what = read_lines(args.hyp), read_lines(args.ref), f"{args.hyp} vs {args.ref}"
+        if len(hyps) != len(refs):
+            raise ValueError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: they must be line-aligned")
+    else:
+        if not args.run:
+            raise ValueError("give --run DIR with --split NAME or --src/--ref FILES, or --hyp FILE --ref FILE")
+        from qkv.config import from_dict
+        from qkv.data.translation import DataConfig, load_split
+        from qkv.generation.api import Translator, load_run_config
+
+        translator = Translator.from_run(args.run)
+        if args.src:
+            if not args.ref:
+                raise ValueError("--src needs --ref")
+            src, refs = read_lines(args.src), read_lines(args.ref)
+            if len(src) != len(refs):
+                raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
+            what = f"{args.src} -> {args.ref}"
+        else:
+            data = from_dict(DataConfig, load_run_config(args.run).get("data", {}), where=f"{args.run}/config.json: data")
+            if args.data_dir:
+                from dataclasses import replace
+
+                data = replace(data, data_dir=args.data_dir)
+            split = args.split or data.test
+            src, refs = load_split(data, split)
+            what = f"{data.corpus} {split} ({data.src_lang}->{data.tgt_lang})"
+        print(f"translating {len(src)} sentences (beam {args.beam})...", file=sys.stderr)
+        hyps = translator.translate(src, beam=args.beam, alpha=args.alpha, truncate=True)
+    if args.output:
+        Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    result = score(hyps, refs)
+    if args.json:
+        print(json.dumps({"what": what, **result}, indent=2))
+    else:
+        print(f"{what}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  exact {result['exact']:.1%}  "
+              f"({result['sentences']} sentences)")
+        print(f"  {result['bleu_signature']}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# qkv demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from qkv.demo import run_demo
+
+    return run_demo(args.run, seed=args.seed, overrides=args.overrides)
+
+
+__all__ = ["register", "command_group", "cmd_train_mt", "cmd_translate", "cmd_eval_mt", "cmd_demo"]

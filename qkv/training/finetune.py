@@ -1,0 +1,377 @@
+"""Supervised fine-tuning of a pretrained GPT, with the two cures for catastrophic forgetting.
+
+    qkv finetune --run runs/base --data pairs.jsonl --out runs/sft                # plain SFT
+    qkv finetune --run runs/base --data cmn-eng:train --out runs/mix --mix 0.3    # mixed loss
+    qkv finetune --run runs/base --data cmn-eng:train --out runs/lora --lora 8    # LoRA adapters
+
+Fine-tuning starts from the base run's weights only, with a fresh optimizer and schedule (this is
+``--init-from``, not ``--resume``; ``--resume`` continues an interrupted fine-tuning run exactly). The
+task loss is the next-token NLL on the response tokens only (:mod:`qkv.data.sft`).
+
+Training on the task alone moves every weight toward the task and away from what pretraining taught:
+the pretraining loss climbs back up (catastrophic forgetting). Two cures (DESIGN item 9):
+
+- the mixed loss L = L_task + lambda * L_pretrain, where each step also takes a batch of random windows
+  of the pretraining corpus, so the weights are pulled to fit both; lambda = 0 is plain fine-tuning;
+- LoRA: the base weights are frozen and only low-rank adapters train (:mod:`qkv.modules.lora`); they
+  are merged into the weights at the end, so the exported model is a plain GPT.
+
+The run directory has the layout of a pretraining run (so ``qkv generate --run`` works on it) plus
+``finetune.json`` (settings) and ``results.json`` (task and pretraining losses before and after).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.config import ConfigError, save_json, to_dict
+from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
+from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
+from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
+from qkv.models.gpt import GPT
+from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
+from qkv.training.checkpoint import atomic_path, load_checkpoint, load_weights, save_checkpoint, save_weights
+from qkv.training.lm_run import CONFIG_FILE, CURVES_FILE, LAST, MODEL_WEIGHTS, load_recipe, weights_file
+from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.training.losses import masked_nll
+from qkv.training.optim import build_adamw
+from qkv.training.schedules import cosine_lr, set_lr
+from qkv.training.train_lm import autocast_dtype, resolve_device
+
+FINETUNE_FILE = "finetune.json"
+RESULTS_FILE = "results.json"
+ADAPTER_WEIGHTS = "adapter.safetensors"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Fine-tuning settings (the ``finetune`` section of ``configs/lm/forgetting.yaml``).
+
+    Attributes:
+        max_iters: Optimizer steps.
+        batch_size: Task examples per micro-batch.
+        grad_accum: Micro-batches per step.
+        lr, min_lr, warmup: The cosine schedule (peak, final, warmup steps).
+        weight_decay: AdamW decay on matrices (it pulls toward zero, not toward the base weights).
+        beta1, beta2: AdamW betas.
+        grad_clip: Clip the global gradient norm (0: off).
+        mix: lambda in L = L_task + lambda * L_pretrain (0: plain fine-tuning).
+        pretrain_batch_size: Windows per pretraining batch (0: ``batch_size``).
+        lora_rank: Rank of the LoRA adapters (0: full fine-tuning).
+        lora_alpha: LoRA scale numerator (0: 2 * rank).
+        lora_targets: Linear layers that get adapters.
+        lora_dropout: Dropout on the adapters' input.
+        truncate: Cut examples longer than the context instead of refusing them.
+        eval_interval: Evaluate every this many steps (and at the start and the end).
+        eval_iters: Batches of the pretraining valid estimate during training.
+        eval_pairs: Valid pairs scored during training (0: all); the final evaluation uses all.
+        log_interval: Log the train losses every this many steps.
+        seed: Seeds dropout, the adapters' initialization and both samplers.
+        device, dtype: As in pretraining (bf16 autocast on CUDA only).
+    """
+
+    max_iters: int = 500
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup: int = 50
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    mix: float = 0.0
+    pretrain_batch_size: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    lora_dropout: float = 0.0
+    truncate: bool = False
+    eval_interval: int = 100
+    eval_iters: int = 20
+    eval_pairs: int = 0
+    log_interval: int = 10
+    seed: int = 1234
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"finetune.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mix < 0:
+            raise ConfigError(f"finetune.mix (lambda) must be >= 0, got {self.mix}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"finetune.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if not 0 < self.lr or not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"finetune: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.max_iters <= self.warmup:
+            raise ConfigError(f"finetune: max_iters {self.max_iters} must exceed warmup {self.warmup}")
+
+
+@dataclass
+class FinetuneResult:
+    """What :func:`finetune` did: per-step losses and the evaluations before and after."""
+
+    run_dir: Path
+    step: int
+    losses: list[float] = field(default_factory=list)
+    task_losses: list[float] = field(default_factory=list)
+    pretrain_losses: list[float] = field(default_factory=list)
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    train_seconds: float = 0.0
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def mixed_loss(
+    model: nn.Module,
+    task_batch: tuple[Tensor, Tensor, Tensor],
+    pretrain_batch: tuple[Tensor, Tensor] | None,
+    mix: float,
+    amp: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """L = L_task + lambda * L_pretrain.
+
+    Args:
+        model: The GPT.
+        task_batch: ``(x, y, mask)`` from :func:`qkv.data.sft.collate`; only masked targets count.
+        pretrain_batch: ``(x, y)`` windows of the pretraining corpus, or None when ``mix == 0``.
+        mix: lambda.
+        amp: Autocast dtype (bf16 on CUDA) or None.
+
+    Returns:
+        ``(total, task, pretrain)``; ``pretrain`` is None when no pretraining batch was given, and then
+        ``total`` is exactly ``task``.
+    """
+    device = next(model.parameters()).device
+    x, y, mask = (t.to(device) for t in task_batch)
+    with _autocast(device, amp):
+        logits = model(x)  # (B, T, V)
+    task = masked_nll(logits.float(), y, mask).loss
+    if pretrain_batch is None or mix == 0:
+        return task, task, None
+    px, py = (t.to(device) for t in pretrain_batch)
+    with _autocast(device, amp):
+        plogits = model(px)  # (B, T, V)
+    pretrain = F.cross_entropy(plogits.float().flatten(0, 1), py.flatten())
+    return task + mix * pretrain, task, pretrain
+
+
+@torch.no_grad()
+def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 32,
+                  amp: torch.dtype | None = None) -> dict[str, float]:
+    """Response-only NLL over every example (token-weighted mean) and its perplexity."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        # Sorted by length so each batch pads little.
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
+        for i in range(0, len(order), batch_size):
+            x, y, mask = (t.to(device) for t in collate([examples[j] for j in order[i:i + batch_size]], pad_id))
+            with _autocast(device, amp):
+                logits = model(x)
+            out = masked_nll(logits.float(), y, mask)
+            total += out.nll.item() * int(out.n_tokens)
+            count += int(out.n_tokens)
+    finally:
+        model.train(was_training)
+    loss = total / max(count, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
+
+
+def finetune(
+    base_run: str | Path,
+    out_dir: str | Path,
+    train_pairs: Sequence[Pair],
+    valid_pairs: Sequence[Pair] | None = None,
+    cfg: FinetuneConfig = FinetuneConfig(),
+    *,
+    resume: bool = False,
+    stop_at: int | None = None,
+    quiet: bool = False,
+    stream: TextIO | None = None,
+    plot: bool = True,
+    data_spec: str = "",
+) -> FinetuneResult:
+    """Fine-tune the GPT of ``base_run`` on ``train_pairs`` into ``out_dir``.
+
+    Args:
+        base_run: A pretraining run directory (its weights, tokenizer and tokens.bin are read).
+        out_dir: The new run directory.
+        train_pairs: Task examples.
+        valid_pairs: Held-out task examples for the task loss (None: no task evaluation).
+        cfg: Settings (mix for the mixed loss, lora_rank for LoRA).
+        resume: Continue ``out_dir/last`` exactly (weights, optimizer, samplers, RNGs).
+        stop_at: Stop after this step as if interrupted.
+        quiet: No progress output.
+        stream: Where progress goes (stderr by default).
+        plot: Draw ``curves.png`` at the end.
+        data_spec: What ``train_pairs`` came from, recorded in ``finetune.json``.
+
+    Returns:
+        A :class:`FinetuneResult` (``before``/``after``: ``task_loss`` and ``pretrain_loss``, the latter a
+        full pass over the pretraining corpus's validation split).
+    """
+    from qkv.tokenizers import load_tokenizer
+
+    base_run, out_dir = Path(base_run), Path(out_dir)
+    device = resolve_device(cfg.device)
+    amp = autocast_dtype(cfg.dtype, device)
+    recipe = load_recipe(base_run)
+    context = recipe.context
+    if resume:
+        if not (out_dir / f"{LAST}.pt").is_file():
+            raise FileNotFoundError(f"{out_dir}: nothing to resume (no {LAST}.pt checkpoint)")
+    elif (out_dir / f"{LAST}.pt").is_file():
+        raise ValueError(f"{out_dir} already holds a run; continue it with --resume or pick another --out")
+    if out_dir.resolve() == base_run.resolve():
+        raise ValueError("--out must differ from the base --run (the base weights would be overwritten)")
+    tokenizer = load_tokenizer(base_run)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(out_dir)
+    save_json(recipe, out_dir / CONFIG_FILE)
+    (out_dir / FINETUNE_FILE).write_text(json.dumps(
+        {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)}, indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8")
+
+    # Data: the task examples, and the base run's pretraining tokens for the mixed loss and for
+    # measuring forgetting.
+    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+    train_examples = encode_pairs(train_pairs, tokenizer, context, cfg.truncate)
+    valid_examples = encode_pairs(valid_pairs, tokenizer, context, cfg.truncate) if valid_pairs else []
+    eval_examples = valid_examples[: cfg.eval_pairs] if cfg.eval_pairs else valid_examples
+    if not (base_run / TOKENS_FILE).is_file():
+        raise FileNotFoundError(f"{base_run}: no {TOKENS_FILE}; the pretraining tokens are needed for the "
+                                "pretraining loss (re-run `qkv train lm` or copy the file)")
+    pretrain = LMData.from_tokens(load_tokens(base_run / TOKENS_FILE), recipe.data.valid_fraction, seed=cfg.seed + 1)
+    sampler = PairSampler(train_examples, cfg.batch_size, pad_id, seed=cfg.seed)
+    pretrain_bs = cfg.pretrain_batch_size or cfg.batch_size
+
+    # Model: the base weights only (a fresh optimizer and schedule), then adapters if LoRA.
+    torch.manual_seed(cfg.seed)
+    model = GPT(recipe.model).to(device)
+    load_weights(weights_file(base_run), model)
+    if cfg.lora_rank:
+        apply_lora(model, cfg.lora_rank, cfg.lora_alpha or None, cfg.lora_targets, cfg.lora_dropout)
+    optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+    def evaluate(full: bool) -> dict[str, float]:
+        out: dict[str, float] = {}
+        examples = valid_examples if full else eval_examples
+        if examples:
+            out["task_loss"] = evaluate_task(model, examples, pad_id, cfg.batch_size * 2, amp)["loss"]
+        if full:
+            out["pretrain_loss"] = evaluate_tokens(model, pretrain.valid, context, 32, autocast_dtype=amp)["loss"]
+        else:
+            out["pretrain_loss"] = estimate_loss(model, pretrain.valid, context, pretrain_bs, cfg.eval_iters,
+                                                 seed=1001, autocast_dtype=amp)
+        return out
+
+    step, elapsed_before, before = 0, 0.0, {}
+    metrics = MetricsLogger(out_dir)
+    if resume:
+        state = load_checkpoint(out_dir, LAST, model, optimizer)
+        step, elapsed_before = int(state["step"]), float(state["elapsed"])
+        before = {k: float(v) for k, v in state["before"].items()}
+        sampler.load_state_dict(state["task_data"])
+        pretrain.load_state_dict(state["pretrain_data"])
+    else:
+        before = evaluate(full=True)
+        metrics.log(0, "valid", loss=before.get("task_loss"), pretrain_loss=before["pretrain_loss"])
+
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    progress = Progress(total=cfg.max_iters, desc="finetune", log_every=cfg.eval_interval, start_step=step,
+                        stream=stream, enabled=not quiet)
+    progress.write(f"finetune {base_run} -> {out_dir}: {len(train_examples):,} examples, "
+                   f"{n_train / 1e6:.3f}M trainable parameters"
+                   + (f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else "") + f", lambda {cfg.mix:g}; before: "
+                   + ", ".join(f"{k} {v:.4f}" for k, v in before.items()))
+    result = FinetuneResult(out_dir, step, before=before)
+    t0 = time.perf_counter()
+
+    def checkpoint() -> None:
+        save_checkpoint(out_dir, LAST, model, optimizer, {
+            "step": step, "elapsed": elapsed_before + time.perf_counter() - t0, "before": before,
+            "task_data": sampler.state_dict(), "pretrain_data": pretrain.state_dict(),
+        })
+
+    model.train()
+    try:
+        while step < cfg.max_iters and (stop_at is None or step < stop_at):
+            step += 1
+            lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.max_iters)
+            set_lr(optimizer, lr)
+            sums = torch.zeros(3, device=device)  # total, task, pretrain
+            for _ in range(cfg.grad_accum):
+                pre_batch = pretrain.get_batch("train", pretrain_bs, context) if cfg.mix > 0 else None
+                total, task, pre = mixed_loss(model, sampler.next(), pre_batch, cfg.mix, amp)
+                (total / cfg.grad_accum).backward()
+                sums += torch.stack([total.detach(), task.detach(),
+                                     pre.detach() if pre is not None else torch.zeros((), device=device)]) / cfg.grad_accum
+            loss_value = check_finite(sums[0], step)
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            task_value, pre_value = sums[1].item(), sums[2].item()
+            result.losses.append(loss_value)
+            result.task_losses.append(task_value)
+            result.pretrain_losses.append(pre_value)
+            if step % cfg.log_interval == 0:
+                extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
+                metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
+            progress.update(step, loss=loss_value, lr=lr)
+            if step % cfg.eval_interval == 0 and step < cfg.max_iters:
+                ev = evaluate(full=False)
+                metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev["pretrain_loss"])
+                progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                checkpoint()
+            elif stop_at is not None and step == stop_at:
+                checkpoint()
+    finally:
+        progress.close()
+        result.step = step
+        result.train_seconds = elapsed_before + time.perf_counter() - t0
+
+    if step == cfg.max_iters:
+        checkpoint()
+        if cfg.lora_rank:
+            from safetensors.torch import save_file
+
+            with atomic_path(out_dir / ADAPTER_WEIGHTS) as tmp:
+                save_file({k: v.contiguous().cpu() for k, v in lora_state_dict(model).items()}, str(tmp))
+            merge_lora(model)  # the export is a plain GPT
+        save_weights(out_dir / MODEL_WEIGHTS, model, metadata={"step": str(step), "base_run": str(base_run)})
+        result.after = evaluate(full=True)
+        metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after["pretrain_loss"])
+        (out_dir / RESULTS_FILE).write_text(json.dumps({
+            "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
+            "mix": cfg.mix, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
+        }, indent=2) + "\n", encoding="utf-8")
+        progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
+                       + f" ({result.train_seconds:.0f} s)")
+    metrics.close()
+    if plot:
+        try:
+            from qkv.training.plots import plot_curves
+
+            plot_curves(out_dir / "metrics.jsonl", out_dir / CURVES_FILE)
+        except (ValueError, ImportError):
+            pass
+    return result

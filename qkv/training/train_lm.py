@@ -1,0 +1,347 @@
+"""Pretrain a GPT on raw text by next-token prediction: the whole recipe as one loop that reads top to bottom.
+
+    qkv train lm --config configs/lm/baby.yaml --run runs/baby [key=value ...]
+    qkv train lm --run runs/baby --resume            # continue exactly where the last checkpoint was
+
+The steps, in order: build (or reload) the tokenizer; tokenize the corpus once into a memory-mapped
+array and split it by position (first 90% train, last 10% valid); build the GPT and AdamW (weight decay
+on matrices only); then for each step: set the cosine learning rate, accumulate gradients over
+micro-batches of random windows, clip the gradient norm, update. Every ``eval_interval`` steps the
+train and valid losses are estimated, the best weights kept and a checkpoint written; everything
+is logged to ``metrics.jsonl`` and drawn in ``curves.png``.
+
+``--resume`` restores everything (weights, optimizer moments, step, the window sampler, the RNGs), so
+an interrupted run continues with the very losses the uninterrupted one would have had. ``--init-from
+RUN`` is different: only the weights of another run, with a fresh optimizer and schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from qkv.config import ConfigError, apply_overrides, from_dict, save_json
+from qkv.data.lm import TOKENS_FILE, LMData, tokenize_to_file
+from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
+from qkv.models.gpt import GPT
+from qkv.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
+from qkv.training.lm_run import (
+    BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST, MODEL_WEIGHTS, LMDataConfig, LMRecipe, weights_file,
+)
+from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.training.optim import build_adamw
+from qkv.training.plots import plot_curves
+from qkv.training.schedules import cosine_lr, set_lr
+
+# ----------------------------------------------------------------------------------------------
+# Recipes: YAML sections merged onto the defaults, so a file states only what it changes.
+
+
+def recipe_from_dict(data: Mapping[str, Any], where: str = "recipe") -> LMRecipe:
+    """An :class:`LMRecipe` from a mapping with optional ``model``, ``data`` and ``train`` sections.
+
+    Each section is merged onto that section's defaults (the ``model`` defaults are nanoGPT's
+    shakespeare-char GPT), so unknown keys are still errors with a "did you mean".
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with sections model, data, train; got {type(data).__name__}")
+    default = dataclasses.asdict(LMRecipe())
+    merged: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in default and isinstance(value, Mapping):
+            merged[key] = {**default[key], **value}
+        else:
+            merged[key] = value
+    return from_dict(LMRecipe, merged, where=where)
+
+
+def load_recipe_file(path: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
+    """Read ``configs/lm/*.yaml`` and apply ``section.key=value`` overrides; errors name the file and key."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    recipe = recipe_from_dict(data, where=str(path))
+    return apply_overrides(recipe, overrides) if overrides else recipe
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices and precision.
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA (``auto`` or ``bf16``); None (fp32) on CPU, where bf16 is 6-100x slower."""
+    if dtype == "bf16" and device.type != "cuda":
+        raise ValueError("dtype 'bf16' is for CUDA only: CPUs without bf16 units run it 6-100x slower; use fp32")
+    if device.type == "cuda" and dtype in ("auto", "bf16"):
+        return torch.bfloat16
+    return None
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------
+# Text and tokenizer.
+
+
+def read_corpus(cfg: LMDataConfig) -> str:
+    """The training text: ``cfg.path`` if set, else the registered corpus ``cfg.corpus``."""
+    if cfg.path:
+        from qkv.data.corpora import read_text_file
+
+        return read_text_file(cfg.path)
+    from qkv.data.corpora import read_text
+
+    return read_text(cfg.corpus, cfg.data_dir or None)
+
+
+def vocabulary_texts(cfg: LMDataConfig) -> list[str]:
+    """The extra texts (``data.vocab_extra``) the vocabulary must cover besides the training text."""
+    from qkv.data.corpora import get_corpus, read_parallel, read_text, read_text_file
+
+    texts = []
+    for entry in cfg.vocab_extra:
+        name, _, split = entry.partition(":")
+        if Path(entry).is_file():
+            texts.append(read_text_file(entry))
+        elif split:
+            corpus = get_corpus(name)
+            src, tgt = read_parallel(name, split, corpus.languages[0], corpus.languages[1], cfg.data_dir or None)
+            texts += ["\n".join(src), "\n".join(tgt)]
+        else:
+            texts.append(read_text(name, cfg.data_dir or None))
+    return texts
+
+
+def build_tokenizer(cfg: LMDataConfig, texts: Sequence[str]) -> Any:
+    """A character or byte-level BPE tokenizer over ``texts``, with ``<pad> <bos> <eos> <unk>`` at 0-3."""
+    if cfg.tokenizer == "char":
+        from qkv.tokenizers.char import CharTokenizer
+
+        return CharTokenizer.train(texts, specials=True)
+    from qkv.tokenizers.bpe import BPETokenizer
+
+    if cfg.vocab_size < 260:
+        raise ConfigError(f"data.vocab_size must be set (>= 260) for a byte-level BPE, got {cfg.vocab_size}")
+    return BPETokenizer.train(texts, vocab_size=cfg.vocab_size, kind="bytelevel")
+
+
+def _tokenizer_id(run_dir: Path) -> str:
+    return (run_dir / "tokenizer.json").read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop.
+
+
+@dataclass
+class TrainResult:
+    """What a call to :func:`train_lm` did.
+
+    Attributes:
+        run_dir: The run directory.
+        step: The last step completed.
+        losses: Train loss of every step this call ran (all micro-batches averaged), in order.
+        valid_loss: The last validation estimate (None if none was made).
+        best_valid: The best validation estimate of the run.
+        train_seconds: Wall time of the whole run so far (resumed runs add up), evaluations included.
+        final: Full-pass validation ``{"loss", "ppl", "tokens"}`` at the end (None if stopped early).
+    """
+
+    run_dir: Path
+    step: int
+    losses: list[float] = field(default_factory=list)
+    valid_loss: float | None = None
+    best_valid: float = math.inf
+    train_seconds: float = 0.0
+    final: dict[str, Any] | None = None
+
+
+def train_lm(
+    recipe: LMRecipe,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    init_from: str | Path | None = None,
+    stop_at: int | None = None,
+    quiet: bool = False,
+    stream: TextIO | None = None,
+    plot: bool = True,
+) -> TrainResult:
+    """Pretrain (or continue) a GPT as ``recipe`` says, in ``run_dir``.
+
+    Args:
+        recipe: Model, data and training settings (``vocab_size`` is replaced by the tokenizer's).
+        run_dir: Where everything is written (see :mod:`qkv.training.lm_run`).
+        resume: Continue from ``run_dir/last``: weights, optimizer, step, sampler and RNG states.
+        init_from: Start from another run's weights (and tokenizer) with a fresh optimizer.
+        stop_at: Stop after this step as if interrupted (the schedule still ends at ``max_iters``).
+        quiet: No progress output.
+        stream: Where progress goes (stderr by default).
+        plot: Draw ``curves.png`` at the end (matplotlib takes a few seconds to import).
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    run_dir = Path(run_dir)
+    tc = recipe.train
+    device = resolve_device(tc.device)
+    amp = autocast_dtype(tc.dtype, device)
+    context = recipe.context
+    if tc.decay_iters <= tc.warmup:
+        raise ConfigError(f"train: the cosine decay must end after warmup (lr_decay_iters or max_iters "
+                          f"{tc.decay_iters} <= warmup {tc.warmup})")
+    if resume and init_from:
+        raise ValueError("--resume continues this run; --init-from starts a new one from other weights: pick one")
+
+    # 1. Tokenizer: reloaded when resuming, taken from the source run with --init-from, else built.
+    from qkv.tokenizers import load_tokenizer
+
+    if resume:
+        if not (run_dir / f"{LAST}.pt").is_file():
+            raise FileNotFoundError(f"{run_dir}: nothing to resume (no {LAST}.pt checkpoint)")
+        tokenizer = load_tokenizer(run_dir)
+    else:
+        if (run_dir / f"{LAST}.pt").is_file():
+            raise ValueError(f"{run_dir} already holds a run; continue it with --resume or pick another --run")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if init_from:
+            tokenizer = load_tokenizer(init_from)
+        else:
+            tokenizer = build_tokenizer(recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
+        tokenizer.save(run_dir)
+    recipe = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
+    save_json(recipe, run_dir / CONFIG_FILE)
+
+    # 2. Data: tokenized once into RUN/tokens.bin (reused while text and tokenizer are unchanged).
+    tokens = tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
+    data = LMData.from_tokens(tokens, recipe.data.valid_fraction, seed=tc.seed)
+    data.check_context(context)
+
+    # 3. Model and optimizer. The seed fixes the initial weights and the dropout masks.
+    torch.manual_seed(tc.seed)
+    model = GPT(recipe.model).to(device)
+    if init_from:
+        load_weights(weights_file(init_from), model)
+    optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
+    step, best, elapsed_before = 0, math.inf, 0.0
+    if resume:
+        state = load_checkpoint(run_dir, LAST, model, optimizer)
+        step, best, elapsed_before = int(state["step"]), float(state["best_valid"]), float(state["elapsed"])
+        data.load_state_dict(state["data"])
+    forward = torch.compile(model) if tc.compile else model
+
+    metrics = MetricsLogger(run_dir)
+    progress = Progress(total=tc.max_iters, desc="train lm", log_every=tc.eval_interval, start_step=step,
+                        stream=stream, enabled=not quiet)
+    if not quiet:
+        n_params = sum(p.numel() for p in model.parameters())
+        progress.write(f"run {run_dir}: {n_params / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
+                       f"{len(data.train):,} train / {len(data.valid):,} valid tokens, context {context}, "
+                       f"device {device}{' bf16' if amp else ' fp32'}" + (f", resuming at step {step}" if resume else ""))
+    result = TrainResult(run_dir, step, best_valid=best)
+    tokens_per_step = tc.batch_size * context * tc.grad_accum
+    t0 = time.perf_counter()
+
+    def evaluate() -> dict[str, float]:
+        # Fixed seeds: every evaluation scores the same windows, so the curve is not sampling noise.
+        return {split: estimate_loss(model, data.split(split), context, tc.batch_size, tc.eval_iters,
+                                     seed=1000 + i, autocast_dtype=amp)
+                for i, split in enumerate(("train", "valid"))}
+
+    def checkpoint() -> None:
+        save_checkpoint(run_dir, LAST, model, optimizer, {
+            "step": step, "best_valid": best, "elapsed": elapsed_before + time.perf_counter() - t0,
+            "data": data.state_dict(),
+        })
+
+    model.train()
+    try:
+        while step < tc.max_iters and (stop_at is None or step < stop_at):
+            step += 1
+            lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_iters)
+            set_lr(optimizer, lr)
+
+            # Forward and backward over grad_accum micro-batches; the loss is their mean.
+            loss_sum = torch.zeros((), device=device)
+            for _ in range(tc.grad_accum):
+                x, y = data.get_batch("train", tc.batch_size, context)  # (B, T) each
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with _autocast(device, amp):
+                    logits = forward(x)  # (B, T, V)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            loss_value = check_finite(loss_sum, step)  # before the update: never step on a NaN
+            if tc.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            result.losses.append(loss_value)
+
+            if step % tc.log_interval == 0:
+                metrics.log(step, "train", loss=loss_value, lr=lr)
+            progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
+
+            last = step == tc.max_iters
+            if step % tc.eval_interval == 0 or last:
+                losses = evaluate()
+                result.valid_loss = losses["valid"]
+                metrics.log(step, "valid", loss=losses["valid"], train_estimate=losses["train"])
+                progress.write(f"step {step}: train loss {losses['train']:.4f}, valid loss {losses['valid']:.4f}")
+                if losses["valid"] < best:
+                    best = losses["valid"]
+                    save_weights(run_dir / BEST_WEIGHTS, model, metadata={"step": str(step), "valid_loss": f"{best:.6f}"})
+                checkpoint()
+            elif tc.checkpoint_interval and step % tc.checkpoint_interval == 0:
+                checkpoint()
+            elif stop_at is not None and step == stop_at:
+                checkpoint()
+    finally:
+        progress.close()
+        result.step, result.best_valid = step, best
+        result.train_seconds = elapsed_before + time.perf_counter() - t0
+
+    if step == tc.max_iters:
+        # The export: the best weights (or the last), and a full pass over the validation split.
+        if tc.keep_best and (run_dir / BEST_WEIGHTS).is_file():
+            load_weights(run_dir / BEST_WEIGHTS, model)
+        save_weights(run_dir / MODEL_WEIGHTS, model, metadata={"step": str(step)})
+        result.final = evaluate_tokens(model, data.valid, context, batch_size=tc.batch_size, autocast_dtype=amp)
+        metrics.log(step, "valid_full", loss=result.final["loss"], ppl=result.final["ppl"],
+                    train_seconds=result.train_seconds)
+        if not quiet:
+            progress.write(f"done: {step} steps in {result.train_seconds:.0f} s; valid loss (full pass) "
+                           f"{result.final['loss']:.4f}, perplexity {result.final['ppl']:.2f}")
+    metrics.close()
+    if not plot:
+        return result
+    try:
+        plot_curves(run_dir / "metrics.jsonl", run_dir / CURVES_FILE)
+    except (ValueError, ImportError):  # nothing logged yet, or no matplotlib: the curves are optional
+        pass
+    return result

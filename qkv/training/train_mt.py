@@ -1,0 +1,393 @@
+"""Train a translation Transformer: the paper's recipe (Section 5), as one linear function that reads top to bottom.
+
+    qkv train mt --config configs/mt/demo.yaml --run runs/demo
+    qkv train mt --run runs/demo --resume max_steps=3000     # continue after an interruption
+
+The recipe: a joint BPE vocabulary (5.1); token-budget batches of similar lengths (5.1); Adam with
+beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 and a learning rate that rises linearly for ``warmup`` steps
+then decays with the inverse square root of the step (5.3); dropout on sub-layer outputs and
+embedding sums, and label smoothing 0.1 (5.4); plus what practice adds: gradient clipping and
+accumulation, periodic validation (loss, and BLEU on a sample), best and last checkpoints, the
+average of the last K checkpoints (6.1: "averaging the last 5 checkpoints"), early stopping, and an
+exact resume.
+
+Everything a run produces is in its directory: ``config.json`` (the resolved config), ``tokenizer.json``,
+``model.safetensors`` (the weights to use), ``last.*`` (the full trainer state), ``best.safetensors``,
+``step_N.safetensors`` (the last K, for averaging), ``metrics.jsonl``, ``curves.png`` and
+``results.json`` (test scores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from qkv.config import ConfigError, ModelConfig, apply_overrides, load_json, load_yaml, save_json
+from qkv.data.batching import BatchStream, eval_batches
+from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
+from qkv.models.transformer import Transformer
+from qkv.tokenizers import load_tokenizer
+from qkv.training.checkpoint import (
+    average_checkpoints, load_checkpoint, load_state_dict_into, load_weights, save_checkpoint, save_weights,
+)
+from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.training.losses import label_smoothed_nll
+from qkv.training.optim import build_adam
+from qkv.training.plots import plot_curves
+from qkv.training.schedules import inverse_sqrt_lr, noam_lr, set_lr
+
+
+def _default_model() -> ModelConfig:
+    # vocab_size and pad_id are set from the tokenizer when a run starts.
+    return ModelConfig(arch="transformer", d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1, max_len=256)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a translation run needs; the YAML files in ``configs/mt/`` fill it.
+
+    Attributes:
+        model: the Transformer (``vocab_size`` and ``pad_id`` come from the tokenizer).
+        data: corpus, splits, vocabulary size, batch token budget.
+        seed: seeds the weights, dropout and the batch order.
+        max_steps: optimizer updates (the paper: 100,000 for the base model).
+        max_minutes: stop after this much training time as well (None: no limit).
+        accumulate: batches whose gradients are summed into one update (a bigger effective batch).
+        peak_lr: the learning rate at the end of warmup; None uses the paper's formula,
+            ``lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``.
+        lr_factor: multiplier of the paper's formula (when ``peak_lr`` is None).
+        warmup: warmup steps (the paper: 4000).
+        adam_betas, adam_eps: the paper's Adam (0.9, 0.98), 1e-9.
+        weight_decay: L2 penalty (the paper: none).
+        label_smoothing: epsilon_ls (the paper: 0.1).
+        clip_norm: clip the gradient's global norm to this (0: no clipping).
+        eval_every: validate, checkpoint and maybe stop every this many steps.
+        eval_bleu_sentences: validation sentences translated for BLEU at each evaluation (0: loss only).
+        eval_beam: beam size of those translations (1: greedy, fast).
+        best_metric: ``loss`` (validation NLL) or ``bleu`` picks the best checkpoint and drives early stopping.
+        patience: stop after this many evaluations without improvement (0: never).
+        keep_checkpoints: step checkpoints kept for averaging.
+        average_last: average the last K step checkpoints at the end (0 or 1: no averaging).
+        test_beam: beam size for the test set at the end.
+        test_alpha: length penalty for the test set at the end.
+        log_every: log a training line every this many steps.
+        device: ``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda``...
+        threads: torch CPU threads (0: torch's default).
+    """
+
+    model: ModelConfig = field(default_factory=_default_model)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 1
+    max_steps: int = 20000
+    max_minutes: float | None = None
+    accumulate: int = 1
+    peak_lr: float | None = None
+    lr_factor: float = 1.0
+    warmup: int = 4000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    eval_every: int = 1000
+    eval_bleu_sentences: int = 200
+    eval_beam: int = 1
+    best_metric: str = "loss"
+    patience: int = 0
+    keep_checkpoints: int = 5
+    average_last: int = 5
+    test_beam: int = 4
+    test_alpha: float = 0.6
+    log_every: int = 100
+    device: str = "auto"
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "accumulate", "warmup", "eval_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.best_metric not in ("loss", "bleu"):
+            raise ConfigError(f"TrainConfig.best_metric must be 'loss' or 'bleu', got {self.best_metric!r}")
+        if self.best_metric == "bleu" and self.eval_bleu_sentences < 1:
+            raise ConfigError("TrainConfig.best_metric='bleu' needs eval_bleu_sentences > 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"TrainConfig.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.model.arch != "transformer":
+            raise ConfigError(f"TrainConfig.model.arch must be 'transformer' for translation, got {self.model.arch!r}")
+
+
+# Files of a run directory that a fresh run may replace (with overwrite=True).
+RUN_FILES = ("config.json", "tokenizer.json", "metrics.jsonl", "curves.png", "results.json", "model.safetensors",
+             "last.safetensors", "last.pt", "best.safetensors", "average.safetensors")
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """The schedule: linear warmup, then inverse square root of the step (Section 5.3, equation 3)."""
+    if cfg.peak_lr is not None:
+        return inverse_sqrt_lr(step, cfg.warmup, cfg.peak_lr)
+    return noam_lr(step, cfg.model.d_model, cfg.warmup, cfg.lr_factor)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.no_grad()
+def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device) -> dict[str, float]:
+    """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing)."""
+    was_training = model.training
+    model.eval()
+    loss_sum = nll_sum = 0.0
+    n = 0
+    for batch in eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id):
+        batch = batch.to(device)
+        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, smoothing, ignore_index=tok.pad_id)
+        k = int(out.n_tokens)
+        loss_sum += float(out.loss) * k
+        nll_sum += float(out.nll) * k
+        n += k
+    model.train(was_training)
+    return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
+
+
+def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = 0.6,
+                        max_tokens: int = 4000) -> tuple[dict[str, Any], list[str]]:
+    """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept."""
+    from qkv.evaluation.bleu import score
+    from qkv.generation.api import Translator
+
+    was_training = model.training
+    try:
+        hyps = Translator(model, tok, max_tokens=max_tokens).translate(src, beam=beam, alpha=alpha, truncate=True)
+    finally:
+        model.train(was_training)
+    return score(hyps, ref), hyps
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    if resume:
+        if not (run_dir / "last.pt").is_file():
+            raise FileNotFoundError(f"cannot resume: {run_dir / 'last.pt'} not found (no checkpoint in {run_dir})")
+        return
+    existing = [name for name in RUN_FILES if (run_dir / name).exists()] + sorted(p.name for p in run_dir.glob("step_*.safetensors"))
+    if existing and not overwrite:
+        raise ValueError(f"{run_dir} already holds a run ({', '.join(existing[:4])}...); pass --resume to continue "
+                         "it, --overwrite to start again, or choose another --run directory")
+    for name in existing:
+        (run_dir / name).unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False,
+          desc: str = "train", quiet: bool = False) -> dict[str, Any]:
+    """Train (or resume) a translation model in ``run_dir``; return a summary (steps, scores, paths).
+
+    Args:
+        cfg: the resolved configuration (on resume: the run's own, possibly with overrides).
+        run_dir: where everything is written.
+        resume: continue from ``run_dir/last.*`` exactly where it stopped.
+        overwrite: replace an existing run in ``run_dir``.
+        desc: label of the progress bar.
+        quiet: no progress output (tests).
+    """
+    run_dir = Path(run_dir)
+    _prepare_run_dir(run_dir, resume, overwrite)
+    log = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    device = pick_device(cfg.device)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+
+    # 1. Data and the joint BPE vocabulary, learned on the training pairs only (Section 5.1).
+    d = cfg.data
+    train_src, train_tgt = load_split(d, d.train)
+    valid_src, valid_tgt = load_split(d, d.valid)
+    if resume:
+        tok = load_tokenizer(run_dir)
+    else:
+        tok = train_joint_bpe(train_src, train_tgt, d.vocab_size)
+        tok.save(run_dir)
+    # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
+    cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
+    if cfg.model.max_len < max(d.max_src_len, d.max_tgt_len) + 1:
+        raise ConfigError(f"model.max_len={cfg.model.max_len} is too small for data.max_src_len={d.max_src_len} / "
+                          f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")
+    save_json(cfg, run_dir / "config.json")
+    train_examples, dropped = filter_by_length(encode_pairs(tok, train_src, train_tgt), d.max_src_len, d.max_tgt_len)
+    valid_examples, _ = filter_by_length(encode_pairs(tok, valid_src, valid_tgt), 10**9, 10**9)
+    stream = BatchStream(train_examples, d.max_tokens, tok.pad_id, tok.bos_id, tok.eos_id, seed=cfg.seed)
+    # A fixed sample of validation sentences for BLEU during training (the same at every evaluation).
+    sample = sorted(random.Random(cfg.seed).sample(range(len(valid_src)), min(cfg.eval_bleu_sentences, len(valid_src))))
+    log(f"data: {d.corpus} {d.src_lang}->{d.tgt_lang}: {len(train_examples)} training pairs "
+        f"({len(dropped)} dropped by length), {len(valid_examples)} validation; vocabulary {tok.vocab_size}; "
+        f"{stream.batches_per_epoch} batches of <= {d.max_tokens} tokens per epoch, "
+        f"padding {stream.epoch_padding_fraction():.1%}")
+
+    # 2. Model and optimizer: Adam(0.9, 0.98, 1e-9), the rate set by the schedule before every update.
+    model = Transformer(cfg.model).to(device)
+    optimizer = build_adam(model, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params:,} parameters (d_model {cfg.model.d_model}, {cfg.model.n_layers}+{cfg.model.decoder_layers} "
+        f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}")
+
+    # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
+    step, best, bad_evals, train_seconds = 0, None, 0, 0.0
+    if resume:
+        state = load_checkpoint(run_dir, "last", model, optimizer)
+        step, bad_evals, train_seconds = int(state["step"]), int(state["bad_evals"]), float(state["train_seconds"])
+        best = state["best"] if state["best"] is not None else None
+        stream.load_state_dict(state["data"])
+        log(f"resumed from {run_dir / 'last.safetensors'} at step {step}")
+
+    metrics = MetricsLogger(run_dir)
+    progress = Progress(cfg.max_steps, desc=desc, log_every=cfg.log_every, start_step=step, enabled=not quiet)
+    model.train()
+    stop_reason = "max_steps"
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
+
+    def evaluate(step: int) -> dict[str, Any]:
+        values = validation_loss(model, valid_examples, d.max_tokens, tok, cfg.label_smoothing, device)
+        if sample:
+            scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
+                                            cfg.eval_beam, cfg.test_alpha, d.max_tokens)
+            values["bleu"], values["chrf"] = scores["bleu"], scores["chrf"]
+        metrics.log(step, "valid", **values)
+        return values
+
+    # 4. The training loop.
+    while step < cfg.max_steps:
+        t_step = time.perf_counter()
+        step += 1
+        lr = learning_rate(cfg, step)
+        set_lr(optimizer, lr)
+        # Gradient accumulation: the update is the mean over all target tokens of the `accumulate`
+        # batches, so each batch's mean loss is weighted by its share of the tokens.
+        batches = [next(stream) for _ in range(cfg.accumulate)]
+        total_tokens = sum(b.tgt_tokens for b in batches)
+        step_loss = step_nll = 0.0
+        for batch in batches:
+            batch = batch.to(device)
+            logits = model(batch.src, batch.tgt_in)  # (B, T, V): all target positions at once (teacher forcing)
+            out = label_smoothed_nll(logits, batch.tgt_out, cfg.label_smoothing, ignore_index=tok.pad_id)
+            weight = batch.tgt_tokens / total_tokens
+            (out.loss * weight).backward()
+            step_loss = step_loss + out.loss.detach() * weight
+            step_nll = step_nll + out.nll * weight
+        if cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        train_seconds += time.perf_counter() - t_step
+
+        n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
+        window["loss"] += float(step_loss)
+        window["nll"] += float(step_nll)
+        window["tokens"] += n_tok
+        window["steps"] += 1
+        window["padding"] += sum(b.padding_fraction for b in batches) / len(batches)
+        progress.update(step, loss=step_loss, lr=lr, tokens=n_tok)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            k = window["steps"]
+            check_finite(window["loss"] / k, step)
+            elapsed = time.perf_counter() - window["t0"]
+            metrics.log(step, "train", loss=window["loss"] / k, nll=window["nll"] / k, lr=lr,
+                        tokens_per_s=window["tokens"] / max(elapsed, 1e-9), padding=window["padding"] / k,
+                        epoch=stream.epoch)
+            window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
+
+        out_of_time = cfg.max_minutes is not None and train_seconds >= cfg.max_minutes * 60
+        if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+            values = evaluate(step)
+            current = values["nll"] if cfg.best_metric == "loss" else -values["bleu"]
+            improved = best is None or current < best
+            best, bad_evals = (current, 0) if improved else (best, bad_evals + 1)
+            if improved:
+                save_weights(run_dir / "best.safetensors", model, metadata={"step": str(step)})
+            save_weights(run_dir / f"step_{step:07d}.safetensors", model)
+            for old in sorted(run_dir.glob("step_*.safetensors"))[: -max(cfg.keep_checkpoints, 1)]:
+                old.unlink()
+            save_checkpoint(run_dir, "last", model, optimizer, {
+                "step": step, "best": best, "bad_evals": bad_evals, "train_seconds": train_seconds,
+                "data": stream.state_dict(),
+            })
+            bleu = f", BLEU {values['bleu']:.1f}" if "bleu" in values else ""
+            progress.write(f"step {step}: valid loss {values['loss']:.3f}, ppl {values['ppl']:.2f}{bleu}"
+                           + ("" if improved else f" (no improvement {bad_evals}/{cfg.patience or '-'})"))
+            if cfg.patience and bad_evals >= cfg.patience:
+                stop_reason = "early_stop"
+                break
+            if out_of_time:
+                stop_reason = "max_minutes"
+                break
+    progress.close()
+
+    # 5. The final weights: the average of the last K checkpoints (Section 6.1), the best, or the
+    #    last, whichever has the lowest validation NLL.
+    last_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    candidates = {"last": lambda: load_state_dict_into(model, last_state, source="last")}
+    steps_saved = sorted(run_dir.glob("step_*.safetensors"))[-cfg.average_last:] if cfg.average_last > 1 else []
+    if len(steps_saved) > 1:
+        averaged = average_checkpoints(steps_saved)
+        candidates["average"] = lambda: load_state_dict_into(model, averaged, source="average")
+    if (run_dir / "best.safetensors").is_file():
+        candidates["best"] = lambda: load_weights(run_dir / "best.safetensors", model)
+    chosen, chosen_nll = "last", math.inf
+    for name, load in candidates.items():
+        load()
+        nll = validation_loss(model, valid_examples, d.max_tokens, tok, cfg.label_smoothing, device)["nll"]
+        metrics.log(step, "select", candidate=name, nll=nll)
+        if nll < chosen_nll - 1e-9:
+            chosen, chosen_nll = name, nll
+    candidates[chosen]()
+    save_weights(run_dir / "model.safetensors", model, metadata={"step": str(step), "from": chosen})
+    log(f"final weights: {chosen} (validation NLL {chosen_nll:.3f}) -> {run_dir / 'model.safetensors'}")
+
+    # 6. Test: the paper's decoding (beam 4, alpha 0.6) on the held-out test split.
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": step, "stop": stop_reason, "final": chosen,
+                               "train_seconds": round(train_seconds, 1), "parameters": n_params}
+    try:
+        test_src, test_tgt = load_split(d, d.test)
+    except (ValueError, FileNotFoundError) as e:
+        log(f"no test evaluation: {e}")
+        test_src = []
+    if test_src:
+        t0 = time.perf_counter()
+        scores, hyps = translate_and_score(model, tok, test_src, test_tgt, cfg.test_beam, cfg.test_alpha, d.max_tokens)
+        (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=cfg.test_beam)
+        summary["test"] = {**scores, "split": d.test, "beam": cfg.test_beam, "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"test ({d.test}, beam {cfg.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
+    metrics.close()
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    try:
+        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    except ValueError as e:
+        log(f"no curves: {e}")
+    return summary
+
+
+def load_train_config(path: str | Path | None, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
+                      resume: bool = False) -> TrainConfig:
+    """The config of a run: the YAML file (a fresh run) or the run's own ``config.json`` (resume), plus overrides."""
+    if resume:
+        if run_dir is None:
+            raise ValueError("--resume needs --run DIR")
+        cfg = load_json(Path(run_dir) / "config.json", TrainConfig)
+        return apply_overrides(cfg, list(overrides)) if overrides else cfg
+    if path is None:
+        return apply_overrides(TrainConfig(), list(overrides)) if overrides else TrainConfig()
+    return load_yaml(path, TrainConfig, list(overrides))
+
+
+__all__ = ["TrainConfig", "train", "load_train_config", "learning_rate", "validation_loss", "translate_and_score"]

@@ -1,0 +1,133 @@
+"""The embedded demo corpus: deterministic, split without leaks, unseen combinations in test, learnable."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from qkv.data import synthetic as syn
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return syn.demo_corpus(seed=0)
+
+
+def _words(sentences, lang):
+    if lang == "en":
+        return {w for s in sentences for w in re.findall(r"[A-Za-z]+", s)}
+    return {ch for s in sentences for ch in s}
+
+
+def test_seed_sentence_is_produced_by_the_generator():
+    ex = syn.Example("state_wish", "小明", state="累了", wish="睡觉")
+    assert ex.render() == syn.SEED_SENTENCE == ("小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep.")
+    # And it is among the sentences the templates can generate, as a held-out (unseen) one.
+    rendered = {e.render(): e for e in syn.all_examples()}
+    assert syn.SEED_SENTENCE in rendered and rendered[syn.SEED_SENTENCE].held_out
+
+
+def test_unseen_examples_are_generatable_held_out_and_in_test(corpus):
+    rendered = {e.render(): e for e in syn.all_examples()}
+    train = set(zip(*corpus["train"]))
+    test = list(zip(*corpus["test"]))
+    for pair in syn.UNSEEN_EXAMPLES:
+        assert pair in rendered, pair
+        assert rendered[pair].held_out, pair
+        assert pair in test and pair not in train
+
+
+def test_time_and_place_move_after_the_verb_in_english():
+    zh, en = syn.Example("time_place", "小红", wish="吃饭", place="在学校", time="明天").render()
+    assert zh == "小红明天在学校想吃饭。"
+    assert en == "Xiaohong wants to eat at school tomorrow."
+    zh, en = syn.Example("because", "小刚", state="饿了", wish="喝水").render()
+    assert (zh, en) == ("因为小刚饿了，所以他想喝水。", "Xiaogang wants to drink water because he is hungry.")
+
+
+def test_deterministic_by_seed():
+    a = syn.demo_corpus(seed=3, n_train=300, n_valid=50, n_test=50)
+    b = syn.demo_corpus(seed=3, n_train=300, n_valid=50, n_test=50)
+    c = syn.demo_corpus(seed=4, n_train=300, n_valid=50, n_test=50)
+    assert a == b
+    assert a["train"] != c["train"]
+    assert syn.make_pairs(100, seed=1) == syn.make_pairs(100, seed=1) != syn.make_pairs(100, seed=2)
+
+
+def test_sizes_and_alignment(corpus):
+    assert [len(corpus[s][0]) for s in ("train", "valid", "test")] == [20000, 500, 500]
+    for zh, en in corpus.values():
+        assert len(zh) == len(en)
+
+
+def test_splits_do_not_overlap(corpus):
+    pairs = {s: set(zip(*corpus[s])) for s in corpus}
+    assert len(pairs["train"]) == len(corpus["train"][0])  # no duplicates either
+    assert not pairs["train"] & pairs["valid"]
+    assert not pairs["train"] & pairs["test"]
+    assert not pairs["valid"] & pairs["test"]
+    # Not even the source side repeats: each Chinese sentence has one English rendering.
+    zh = {s: set(corpus[s][0]) for s in corpus}
+    assert not zh["train"] & (zh["valid"] | zh["test"])
+
+
+def test_held_out_combinations_only_outside_train(corpus):
+    by_zh = {e.render()[0]: e for e in syn.all_examples()}
+    assert not any(by_zh[zh].held_out for zh in corpus["train"][0])
+    assert all(by_zh[zh].held_out for zh in corpus["test"][0])
+    assert all(by_zh[zh].held_out for zh in corpus["valid"][0])
+    # Every held-out combination is actually tested somewhere, so none is dead weight.
+    tested = set().union(*(by_zh[zh].combos() for zh in corpus["test"][0] + corpus["valid"][0]))
+    assert syn.HELD_OUT <= tested
+
+
+def test_every_test_word_occurs_in_training(corpus):
+    for side, lang in ((0, "zh"), (1, "en")):
+        train_words = _words(corpus["train"][side], lang)
+        for split in ("valid", "test"):
+            missing = _words(corpus[split][side], lang) - train_words
+            assert not missing, (split, lang, missing)
+
+
+def test_every_held_out_word_is_seen_with_other_people(corpus):
+    by_zh = {e.render()[0]: e for e in syn.all_examples()}
+    seen = set().union(*(by_zh[zh].combos() for zh in corpus["train"][0]))
+    for person, word in syn.HELD_OUT:
+        assert any(w == word and p != person for p, w in seen), word
+
+
+def test_pronouns_agree_with_the_person(corpus):
+    gender = {zh: g for zh, _, g in syn.PEOPLE}
+    names = {en: g for _, en, g in syn.PEOPLE}
+    with_pronoun = 0
+    for zh, en in zip(*corpus["train"]):
+        person = zh[zh.index("小"):zh.index("小") + 2]
+        g = gender[person]
+        assert names[en.split()[0]] == g, en  # the English name is the Chinese one
+        wrong_zh, right_zh = ("他", "她") if g == "f" else ("她", "他")
+        wrong_en, right_en = ("he", "she") if g == "f" else ("she", "he")
+        words = re.findall(r"[a-z]+", en)
+        assert wrong_zh not in zh and wrong_en not in words, (zh, en)
+        assert (right_zh in zh) == (right_en in words), (zh, en)
+        with_pronoun += right_zh in zh
+    assert with_pronoun > 0.7 * len(corpus["train"][0])
+
+
+def test_one_english_rendering_per_chinese_sentence():
+    seen: dict[str, str] = {}
+    for ex in syn.all_examples():
+        zh, en = ex.render()
+        assert seen.setdefault(zh, en) == en, zh
+        assert en[0].isupper() and en.endswith(".") and zh.endswith("。")
+
+
+def test_vocabulary_is_small():
+    zh, en = zip(*(e.render() for e in syn.all_examples()))
+    assert len(_words(zh, "zh")) < 120
+    assert len(_words(en, "en")) < 100
+
+
+def test_asking_for_too_much_is_a_clear_error():
+    with pytest.raises(ValueError, match="could not draw"):
+        syn.demo_corpus(n_train=10, n_valid=10, n_test=100000)

@@ -1,0 +1,412 @@
+"""The explorer page in headless Chromium: its JS equals the Python reference, and it reacts to input.
+
+Every page is opened with all requests routed: anything not for the local server (or file://) is
+aborted and fails the test, as does any console error. Screenshots of each figure are saved to
+test-artifacts/explorer/ for a human to look at.
+"""
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qkv.interpret.explorer import export_page, make_server
+from qkv.interpret.explorer import figures as F
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "explorer"
+
+
+def fake_provider(text: str) -> dict:
+    """A stand-in model: per-character causal maps (the test text "value-error" is refused)."""
+    if text == "value-error":
+        raise ValueError("unknown token")
+    return maps_for(list(text))
+
+
+def maps_for(toks: list[str]) -> dict:
+    n = len(toks)
+    causal = np.tril(np.ones((n, n)))
+    causal /= causal.sum(axis=1, keepdims=True)
+    return {"maps": [
+        {"name": "decoder self · layer 1", "query_tokens": toks, "key_tokens": toks,
+         "weights": np.stack([causal, np.eye(n)])},
+        {"name": "cross · layer 1", "query_tokens": toks[:2], "key_tokens": toks,
+         "weights": np.full((2, 2, n), 1.0 / n)},
+    ]}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium: apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = make_server(quiet=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+class Watched:
+    """A page plus what it logged and requested."""
+
+    def __init__(self, page, origin):
+        self.page = page
+        self.origin = origin
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.blocked: list[str] = []
+
+
+@pytest.fixture
+def watched(browser, server):
+    ctx = browser.new_context(viewport={"width": 1100, "height": 900}, service_workers="block")
+    w = Watched(ctx.new_page(), server.url.rstrip("/"))
+
+    def route(r):
+        url = r.request.url
+        w.requests.append(url)
+        if url.startswith(w.origin + "/") or url.startswith("file://"):
+            r.continue_()
+        else:
+            w.blocked.append(url)
+            r.abort()
+
+    ctx.route("**/*", route)
+    w.page.on("console", lambda m: w.errors.append(m.text) if m.type == "error" else None)
+    w.page.on("pageerror", lambda e: w.errors.append(str(e)))
+    yield w
+    ctx.close()
+    assert w.errors == [], f"console errors: {w.errors}"
+    assert w.blocked == [], f"requests that left 127.0.0.1: {w.blocked}"
+    assert all(u.startswith(("http://127.0.0.1:", "file://")) for u in w.requests), w.requests
+
+
+def open_page(w: Watched, url: str | None = None):
+    # goto waits for the load event, after the page's scripts ran. (wait_for_function would need
+    # eval, which the page's Content-Security-Policy forbids, as it should.)
+    w.page.goto(url or w.origin + "/")
+    assert w.page.evaluate("window.QKVExplorer && window.QKVExplorer.ready") is True
+    return w.page
+
+
+def percents(page) -> list[float]:
+    return [float(t.rstrip("%")) for t in page.get_by_test_id("fig1-pct").all_text_contents()]
+
+
+def dom_weights(page) -> np.ndarray:
+    return np.array([float(el.get_attribute("data-weight")) for el in page.get_by_test_id("fig1-pct").all()])
+
+
+def key_plot_point(page, xy):
+    """Screen coordinates of data point ``xy`` in figure 1's key plot (size 360, pad 16, range 4)."""
+    box = page.locator("#fig1-keys svg").bounding_box()
+    scale = (180 - 16) / 4
+    k = box["width"] / 360
+    return box["x"] + (180 + xy[0] * scale) * k, box["y"] + (180 - xy[1] * scale) * k
+
+
+def drag_tip_to(page, xy):
+    hb = page.get_by_test_id("fig1-handle").bounding_box()
+    page.mouse.move(hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2)
+    page.mouse.down()
+    tx, ty = key_plot_point(page, xy)
+    page.mouse.move(tx, ty, steps=6)
+    page.mouse.up()
+
+
+# ---------------------------------------------------------------- JS == Python
+
+
+def test_js_formulas_match_python(watched):
+    page = open_page(watched)
+    queries = [[2.4, 1.4], [-1.0, 0.5], [0.0, 0.0], [3.0, -2.0]]
+    swaps = [(0, 2), (1, 4), (3, 3)]
+    js = page.evaluate(
+        """([queries, swaps]) => {
+          const F = window.QKVFigures;
+          const r = F.mulberry32(12345);
+          const out = {mulberry: Array.from({length: 10}, () => r()), gauss: F.gaussians(7, 64)};
+          out.fig1 = queries.map(q => F.figure1(q));
+          out.hull = F.convexHull(F.FIG1_VALUES);
+          out.fig2 = [[10, 64], [10, 2], [3, 512], [99, 16]].map(([s, d]) => F.figure2(s, d));
+          out.fig3 = F.figure3();
+          out.terms = F.dotProductTerms(2, 0);
+          out.one = [0, 0.3, 1].map(a => F.oneHeadOutput(a));
+          out.two = F.twoHeadOutput(0.95, 0.05);
+          out.pe = [0, 1, 37, 100].map(p => F.sinusoidalPE(p));
+          out.angles = [0, 5, 99].map(p => F.clockAngles(p));
+          out.shift = [1, 7, 20].map(k => F.shiftAngles(k));
+          out.words = swaps.map(([i, j]) => [false, true].map(pe =>
+              F.wordOrderOutputs(F.swapped([0, 1, 2, 3, 4], i, j), pe)));
+          out.change = swaps.map(([i, j]) => [F.wordOrderChange(i, j, false), F.wordOrderChange(i, j, true)]);
+          out.rounded = [[1/3, 1/3, 1/3], [0.8462, 0.0091, 0.1189, 0.0069, 0.0189],
+                         F.figure2(10, 64).unscaled].map(w => F.roundPercents(w, 1));
+          return out;
+        }""",
+        [queries, swaps],
+    )
+
+    def close(a, b):
+        np.testing.assert_allclose(np.array(a, dtype=float), np.array(b, dtype=float), atol=1e-6, rtol=0)
+
+    py_rand = F.mulberry32(12345)
+    assert js["mulberry"] == [py_rand() for _ in range(10)]  # bit-exact integer arithmetic
+    close(js["gauss"], F.gaussians(7, 64))
+    for q, got in zip(queries, js["fig1"]):
+        ref = F.figure1(np.array(q))
+        for key in ("scores", "weights", "output"):
+            close(got[key], ref[key])
+    close(sorted(map(tuple, js["hull"])), sorted(map(tuple, F.convex_hull(F.FIG1_VALUES))))
+    for (seed, d), got in zip([[10, 64], [10, 2], [3, 512], [99, 16]], js["fig2"]):
+        ref = F.figure2(seed, d)
+        for key in ("dots", "unscaled", "scaled", "max_unscaled", "max_scaled", "dot_std"):
+            close(got[key], ref[key])
+    ref3 = F.figure3()
+    for key in ("Q", "K", "scores", "weights"):
+        close(js["fig3"][key], ref3[key])
+    ref_terms = F.dot_product_terms(2, 0)
+    for key in ("q", "k", "products", "dot", "score"):
+        close(js["terms"][key], ref_terms[key])
+    close(js["one"], [F.one_head_output(a) for a in (0, 0.3, 1)])
+    ref_two = F.two_head_output(0.95, 0.05)
+    close(js["two"]["heads"], ref_two["heads"])
+    close(js["two"]["concat"], ref_two["concat"])
+    close(js["pe"], [F.sinusoidal_pe(p) for p in (0, 1, 37, 100)])
+    close(js["angles"], [F.clock_angles(p) for p in (0, 5, 99)])
+    close(js["shift"], [F.shift_angles(k) for k in (1, 7, 20)])
+    for (i, j), got in zip(swaps, js["words"]):
+        for pe, out in zip((False, True), got):
+            close(out, F.word_order_outputs(F.swapped(range(5), i, j), pe))
+    close(js["change"], [[F.word_order_change(i, j, pe) for pe in (False, True)] for i, j in swaps])
+    assert js["rounded"] == [
+        F.round_percents(w, 1)
+        for w in (
+            [1 / 3, 1 / 3, 1 / 3],
+            [0.8462, 0.0091, 0.1189, 0.0069, 0.0189],
+            F.figure2(10, 64)["unscaled"],
+        )
+    ]
+
+
+# ---------------------------------------------------------------- interaction
+
+
+def test_dragging_the_query_changes_weights_that_still_sum_to_100(watched):
+    page = open_page(watched)
+    before = percents(page)
+    assert round(sum(before), 1) == 100.0
+    assert before[0] == max(before)  # 小明 leads by default
+    np.testing.assert_allclose(dom_weights(page), F.figure1()["weights"], atol=1e-6)
+
+    drag_tip_to(page, [-1.6, 0.9])  # point the query at 想
+    after = percents(page)
+    assert after != before and round(sum(after), 1) == 100.0
+    assert after[3] == max(after)
+    q = np.array(page.evaluate("window.QKVExplorer.fig1.getQuery()"))
+    np.testing.assert_allclose(q, [-1.6, 0.9], atol=0.1)  # the tip followed the mouse
+    ref = F.figure1(q)
+    np.testing.assert_allclose(dom_weights(page), ref["weights"], atol=1e-6)
+    out = page.get_by_test_id("fig1-output")
+    o = [float(out.get_attribute("data-x")), float(out.get_attribute("data-y"))]
+    np.testing.assert_allclose(o, ref["output"], atol=1e-6)
+    assert F.in_convex_hull(o, F.convex_hull(F.FIG1_VALUES))
+
+    # Same direction, shorter arrow: flatter weights; longer: sharper.
+    drag_tip_to(page, (q * 0.4).tolist())
+    short_max = max(percents(page))
+    drag_tip_to(page, (q * 1.8).tolist())
+    long_max = max(percents(page))
+    assert short_max < max(after) < long_max
+    assert round(sum(percents(page)), 1) == 100.0
+
+
+def test_query_handle_is_keyboard_accessible(watched):
+    page = open_page(watched)
+    page.get_by_test_id("fig1-handle").focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowLeft")
+    np.testing.assert_allclose(page.evaluate("window.QKVExplorer.fig1.getQuery()"), [1.9, 1.4], atol=1e-9)
+
+
+def test_dk_slider_and_resample(watched):
+    page = open_page(watched)
+    def top(which="unscaled"):
+        return float(page.get_by_test_id(f"fig2-max-{which}").get_attribute("data-value"))
+
+    assert page.locator("#fig2-dk-val").text_content() == "64"
+    assert top() >= 0.99 and top("scaled") <= 0.5
+    shown = page.get_by_test_id("fig2-max-unscaled").text_content()
+    assert shown == f"{100 * F.figure2(10, 64)['max_unscaled']:.2f}%"
+
+    page.locator("#fig2-dk").fill("1")
+    assert page.locator("#fig2-dk-val").text_content() == "2"
+    ref = F.figure2(F.FIG2_DEFAULT_SEED, 2)
+    assert top() != pytest.approx(F.figure2(F.FIG2_DEFAULT_SEED, 64)["max_unscaled"])
+    assert top() == pytest.approx(ref["max_unscaled"], abs=1e-6)
+    assert top("scaled") == pytest.approx(ref["max_scaled"], abs=1e-6)
+
+    page.locator("#fig2-resample").click()
+    assert page.locator("#fig2-seed").text_content() == f"seed {F.FIG2_DEFAULT_SEED + 1}"
+    assert top() == pytest.approx(F.figure2(F.FIG2_DEFAULT_SEED + 1, 2)["max_unscaled"], abs=1e-6)
+
+
+def test_clicking_a_table_cell_shows_its_dot_product(watched):
+    page = open_page(watched)
+    # Default selection: 他's query against 小明's key.
+    assert "selected" in page.get_by_test_id("fig3-cell-2-0").get_attribute("class")
+    page.get_by_test_id("fig3-cell-3-2").click()
+    ref = F.dot_product_terms(3, 2)
+    dot = page.get_by_test_id("fig3-dot")
+    assert float(dot.get_attribute("data-value")) == pytest.approx(ref["dot"], abs=1e-9)
+    assert dot.text_content() == f"{ref['dot']:.4f}".replace("-", "\u2212")
+    detail = page.get_by_test_id("fig3-detail").text_content()
+    assert "q(想)" in detail and "k(他)" in detail
+    assert f"{ref['q'][0]:.2f}".replace("-", "\u2212") in page.get_by_test_id("fig3-q").text_content()
+    assert "selected" in page.get_by_test_id("fig3-cell-3-2").get_attribute("class")
+    assert "transposed" in page.get_by_test_id("fig3-cell-2-3").get_attribute("class")
+    assert "selected" not in page.get_by_test_id("fig3-cell-2-0").get_attribute("class")
+    back = F.dot_product_terms(2, 3)["score"]
+    assert f"{back:.4f}".replace("-", "\u2212") in page.get_by_test_id("fig3-transposed").text_content()
+    # Every row of the table shows weights that add up to 100%.
+    for i in range(5):
+        cells = [page.get_by_test_id(f"fig3-cell-{i}-{j}").locator(".w").text_content() for j in range(5)]
+        assert round(sum(float(c.rstrip("%")) for c in cells), 1) == 100.0
+
+
+def test_clock_turns_do_not_depend_on_position(watched):
+    page = open_page(watched)
+    page.locator("#fig5-k").fill("4")
+    turns, hands = [], []
+    for pos in ("0", "37", "100"):
+        page.locator("#fig5-pos").fill(pos)
+        turns.append([float(t.get_attribute("data-radians")) for t in page.get_by_test_id("fig5-turn").all()])
+        angles = page.eval_on_selector_all("#fig5-clocks .hand", "els => els.map(e => e.dataset.angle)")
+        hands.append([float(x) for x in angles])
+    np.testing.assert_allclose(turns[0], F.shift_angles(4), atol=1e-9)
+    assert turns[0] == turns[1] == turns[2]
+    assert hands[0] != hands[1] != hands[2]
+    np.testing.assert_allclose(hands[1], F.clock_angles(37), atol=1e-6)
+
+
+def test_word_order_swap_with_and_without_pe(watched):
+    page = open_page(watched)
+    verdict = page.get_by_test_id("fig5-verdict")
+    assert float(verdict.get_attribute("data-change")) < 1e-9
+    assert "only reordered" in verdict.text_content()
+    page.locator("#fig5-pe").check()
+    change = lambda: float(verdict.get_attribute("data-change"))  # noqa: E731
+    assert change() == pytest.approx(F.word_order_change(0, 2, True), abs=1e-6)
+    assert "computes something new" in verdict.text_content()
+    page.locator("#fig5-swap-b").select_option("4")
+    assert change() == pytest.approx(F.word_order_change(0, 4, True), abs=1e-6)
+    page.locator("#fig5-pe").uncheck()
+    assert float(verdict.get_attribute("data-change")) < 1e-9
+
+
+def test_one_head_versus_two(watched):
+    page = open_page(watched)
+    page.locator("#fig4-split").fill("100")
+    assert "distance to v(小明) 0.00" in page.locator("#fig4-one-readout").text_content()
+    concat = page.locator("#fig4-concat").text_content()
+    expected = F.two_head_output(0.95, 0.05)["concat"]
+    assert concat.endswith("[" + ", ".join(f"{x:.2f}".replace("-", "\u2212") for x in expected) + "]")
+
+
+# ---------------------------------------------------------------- figure 6
+
+
+def test_figure6_placeholder_without_model(watched):
+    page = open_page(watched)
+    assert "--run DIR to see your model" in page.get_by_test_id("fig6-body").text_content()
+
+
+def test_figure6_with_a_model(watched, server, artifacts):
+    from playwright.sync_api import expect
+
+    server.attention_provider = fake_provider
+    server.default_text = "小明累了"
+    try:
+        page = open_page(watched)
+        expect(page.get_by_test_id("fig6-heatmap").locator("rect")).to_have_count(16)  # default text: 4 x 4
+        page.locator("#fig6-text").fill("他想睡觉了")
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-heatmap").locator("rect")).to_have_count(25)
+        page.locator("#fig6-head").select_option("mean")
+        page.locator("#fig6-map").select_option("1")
+        assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 10  # cross: 2 x 5
+        page.get_by_test_id("fig6-heatmap").locator("rect").first.hover()
+        assert page.get_by_test_id("fig6-info").text_content() == "他 → 他: 20.0%"
+        page.locator("#fig6").screenshot(path=str(artifacts / "fig6-model.png"))
+        page.locator("#fig6-text").fill("好" * 120)  # long text: drawn on one canvas
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-heatmap").locator("canvas")).to_have_count(1)
+        assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 0
+        page.locator("#fig6-text").fill("value-error")
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-error")).to_contain_text("could not read")
+        # The 400 of a rejected request is logged by Chromium as a console error; it is expected here.
+        watched.errors[:] = [e for e in watched.errors if "400" not in e]
+    finally:
+        server.attention_provider = None
+        server.default_text = ""
+
+
+# ---------------------------------------------------------------- export and screenshots
+
+
+def test_exported_page_works_from_file_url(watched, tmp_path, artifacts):
+    tokens = ["小明", "累了", "，", "他", "想"]
+    out = export_page(tmp_path / "page.html", maps_for(tokens))
+    page = open_page(watched, out.as_uri())
+    assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 25
+    assert round(sum(percents(page)), 1) == 100.0
+    drag_tip_to(page, [-1.0, -1.5])
+    assert round(sum(percents(page)), 1) == 100.0
+    assert all(u.startswith("file://") for u in watched.requests)
+    page.locator("#fig6").screenshot(path=str(artifacts / "fig6-exported.png"))
+
+    plain = export_page(tmp_path / "plain.html")
+    page = open_page(watched, plain.as_uri())
+    assert "--run DIR to see your model" in page.get_by_test_id("fig6-body").text_content()
+
+
+def test_screenshots_of_every_figure(watched, artifacts):
+    page = open_page(watched)
+    for i in range(1, 7):
+        page.locator(f"#fig{i}").screenshot(path=str(artifacts / f"fig{i}.png"))
+    page.locator("#fig5-pe").check()
+    page.locator("#fig5").screenshot(path=str(artifacts / "fig5-pe.png"))
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.locator("#fig1").screenshot(path=str(artifacts / "fig1-narrow.png"))
+    page.locator("#fig3").screenshot(path=str(artifacts / "fig3-narrow.png"))
+    sizes = {p.name: p.stat().st_size for p in artifacts.glob("*.png")}
+    assert all(size > 5000 for size in sizes.values()), sizes
+    # Nothing sticks out of the page horizontally on a phone-sized screen.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420

@@ -1,0 +1,88 @@
+"""The `qkv explore` command: argument parsing, export, and the --run hook."""
+
+import argparse
+import socket
+import sys
+import types
+
+import pytest
+
+from qkv.interpret.explorer import commands
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="qkv")
+    commands.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["explore", *argv])
+
+
+def test_register_defaults():
+    args = parse()
+    assert args.func is commands.run
+    assert (args.run, args.host, args.port, args.export, args.text) == (None, "127.0.0.1", 8765, None, None)
+
+
+def test_export_without_run(tmp_path, capsys):
+    out = tmp_path / "page.html"
+    args = parse("--export", str(out))
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert "QKVFigures" in out.read_text(encoding="utf-8")
+
+
+def test_run_missing_dir(tmp_path, capsys):
+    args = parse("--run", str(tmp_path / "nope"), "--export", str(tmp_path / "p.html"))
+    assert commands.run(args) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_run_when_capture_is_not_available(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "qkv.interpret.capture", None)  # import fails like a missing module
+    args = parse("--run", str(tmp_path), "--export", str(tmp_path / "p.html"))
+    assert commands.run(args) == 2
+    err = capsys.readouterr().err
+    assert "not available yet" in err and "figures 1-5 work without --run" in err
+    assert not (tmp_path / "p.html").exists()
+
+
+def test_run_with_capture_provider_embeds_maps(tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    def make_attention_provider(run_dir):
+        seen["run_dir"] = run_dir
+
+        def provider(text):
+            toks = list(text)
+            n = len(toks)
+            return {"maps": [{"name": "self", "query_tokens": toks, "key_tokens": toks,
+                              "weights": [[[1.0 / n] * n for _ in toks]]}]}
+        return provider
+
+    fake = types.ModuleType("qkv.interpret.capture")
+    fake.make_attention_provider = make_attention_provider
+    monkeypatch.setitem(sys.modules, "qkv.interpret.capture", fake)
+    out = tmp_path / "p.html"
+    assert commands.run(parse("--run", str(tmp_path), "--export", str(out))) == 2
+    assert "needs --text" in capsys.readouterr().err
+    assert commands.run(parse("--run", str(tmp_path), "--export", str(out), "--text", "他想")) == 0
+    assert seen["run_dir"] == str(tmp_path)
+    assert 'id="qkv-model-data"' in out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--text", "x" * 501), "limit is 500"),
+    (("--port", "70000"), "--port must be"),
+])
+def test_bad_arguments(argv, message, capsys):
+    assert commands.run(parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_port_in_use_is_a_clear_error(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert commands.run(parse("--port", str(port))) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err

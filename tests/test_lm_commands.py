@@ -1,0 +1,106 @@
+"""The GPT commands end to end: train lm, generate (argument and stdin), eval lm, finetune; shared groups."""
+
+import argparse
+import io
+import json
+
+import pytest
+import torch
+
+import qkv.cli
+from qkv.lm_commands import command_group, register
+
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
+
+
+@pytest.fixture(autouse=True)
+def _wired(monkeypatch):
+    if "qkv.lm_commands" not in qkv.cli.COMMAND_MODULES:
+        monkeypatch.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    cfg = root / "tiny.yaml"
+    cfg.write_text(
+        "model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 2, max_len: 32, dropout: 0.0}\n"
+        f"data: {{path: {root / 'corpus.txt'}}}\n"
+        "train: {batch_size: 4, max_iters: 6, warmup: 1, eval_interval: 3, eval_iters: 1}\n"
+    )
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
+        assert qkv.cli.main(["train", "lm", "--config", str(cfg), "--run", str(root / "run"), "--quiet",
+                             "train.max_iters=8"]) == 0
+    torch.set_num_threads(n)
+    return root / "run"
+
+
+def test_train_lm_writes_a_run_and_a_json_summary(run, capsys):
+    assert json.loads((run / "config.json").read_text())["train"]["max_iters"] == 8  # the override
+    assert qkv.cli.main(["train", "lm", "--run", str(run), "--resume", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 8
+
+
+def test_generate_streams_the_prompt_and_its_continuation(run, capsys):
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "12", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("All:") and out.endswith("\n") and len(out) > len("All:\n")
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "12", "--seed", "1"]) == 0
+    assert capsys.readouterr().out == out
+
+
+def test_generate_reads_stdin_lines_and_writes_one_line_each(run, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("All:\\nSpeak\nFirst\n\n"))
+    assert qkv.cli.main(["generate", "--run", str(run), "-n", "20", "--temperature", "0"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[-1] == ""  # three inputs (one empty), three lines
+
+
+def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
+    assert qkv.cli.main(["generate", "--run", str(run), "x", "--temperature", "-1"]) == 2
+    assert "temperature must be >= 0" in capsys.readouterr().err
+    assert qkv.cli.main(["generate", "--run", str(run), "x" * 40]) == 2
+    assert "--sliding-window" in capsys.readouterr().err
+
+
+def test_eval_lm_prints_loss_and_perplexity(run, capsys):
+    assert qkv.cli.main(["eval", "lm", "--run", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ppl"] == pytest.approx(2.718281828 ** out["loss"], rel=1e-6) and out["tokens"] > 100
+
+
+def test_finetune_reports_a_malformed_file_by_line(run, tmp_path, capsys):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "All:", "response": " Speak."}\n["not", "an", "object"]\n', encoding="utf-8")
+    assert qkv.cli.main(["finetune", "--run", str(run), "--data", str(data), "--out", str(tmp_path / "ft")]) == 2
+    assert "pairs.jsonl:2: expected an object" in capsys.readouterr().err
+
+
+def test_finetune_with_lora_from_the_command_line(run, tmp_path, capsys):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "All:", "response": " Speak."}\n{"prompt": "First", "response": " Citizen"}\n')
+    assert qkv.cli.main(["finetune", "--run", str(run), "--data", str(data), "--valid", str(data), "--out",
+                         str(tmp_path / "ft"), "--lora", "2", "--quiet", "max_iters=4", "warmup=1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step"] == 4 and out["after"]["task_loss"] < out["before"]["task_loss"]
+    with pytest.raises(SystemExit):  # --mix and --lora are alternatives
+        qkv.cli.main(["finetune", "--run", str(run), "--data", str(data), "--out", "x", "--mix", "1", "--lora", "2"])
+
+
+def test_register_joins_a_train_group_created_by_another_module():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    mt = sub.add_parser("train").add_subparsers(dest="what")
+    mt.add_parser("mt").set_defaults(func="mt")
+    register(sub)
+    assert parser.parse_args(["train", "mt"]).func == "mt"
+    assert parser.parse_args(["train", "lm", "--config", "x.yaml"]).config == "x.yaml"
+    assert command_group(sub, "train", "") is mt

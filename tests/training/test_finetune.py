@@ -1,0 +1,144 @@
+"""Fine-tuning: response-only loss, the mixed loss, LoRA runs, exact resume, and clear data errors."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
+from qkv.training.finetune import FinetuneConfig, finetune, mixed_loss
+from qkv.training.lm_run import load_run
+from qkv.training.losses import masked_nll
+from qkv.training.train_lm import recipe_from_dict, train_lm
+
+PAIRS = [("我累了。", "I'm tired."), ("我很好。", "I'm fine."), ("他来了。", "He came."), ("你好。", "Hello.")]
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _pairs():
+    return [Pair(f"Chinese: {zh}\nEnglish:", f" {en}", f"test:{i}") for i, (zh, en) in enumerate(PAIRS)]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """A tiny pretrained GPT whose character vocabulary also covers the fine-tuning pairs."""
+    root = tmp_path_factory.mktemp("ft")
+    (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    (root / "extra.txt").write_text("\n".join(p.prompt + p.response for p in _pairs()), encoding="utf-8")
+    recipe = recipe_from_dict({
+        "model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "max_len": 48, "dropout": 0.1},
+        "data": {"path": str(root / "corpus.txt"), "vocab_extra": [str(root / "extra.txt")]},
+        "train": {"batch_size": 4, "max_iters": 20, "warmup": 2, "eval_interval": 20, "eval_iters": 2, "lr": 3e-3},
+    })
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    train_lm(recipe, root / "base", quiet=True, plot=False)
+    torch.set_num_threads(n)
+    return root / "base"
+
+
+def test_collate_masks_exactly_the_response_targets():
+    ex = SFTExample(ids=(5, 6, 7, 8, 9, 2), n_prompt=3)  # prompt 5 6 7 | response 8 9 | <eos>
+    short = SFTExample(ids=(5, 8, 2), n_prompt=1)
+    x, y, mask = collate([ex, short], pad_id=0)
+    assert x.tolist() == [[5, 6, 7, 8, 9], [5, 8, 0, 0, 0]]
+    assert y.tolist() == [[6, 7, 8, 9, 2], [8, 2, 0, 0, 0]]
+    assert mask.tolist() == [[False, False, True, True, True], [True, True, False, False, False]]
+
+
+def test_the_loss_ignores_prompt_targets():
+    ex = SFTExample(ids=(5, 6, 7, 8, 9, 2), n_prompt=3)
+    x, y, mask = collate([ex], pad_id=0)
+    logits = torch.randn(1, 5, 11, requires_grad=True)
+    loss = masked_nll(logits, y, mask).loss
+    loss.backward()
+    assert torch.all(logits.grad[0, :2] == 0) and torch.all(logits.grad[0, 2:].abs().sum(-1) > 0)
+    other = y.clone()
+    other[0, :2] = torch.tensor([1, 3])  # other prompt tokens to predict: the loss does not see them
+    assert masked_nll(logits, other, mask).loss.item() == loss.item()
+    full = F.cross_entropy(logits[0, 2:], y[0, 2:])
+    torch.testing.assert_close(loss, full)
+
+
+def test_mixed_loss_is_task_plus_lambda_pretrain(base_run):
+    model, tok, _ = load_run(base_run)
+    batch = collate(encode_pairs(_pairs(), tok, 48), tok.pad_id)
+    pre = (torch.randint(4, tok.vocab_size, (2, 16)), torch.randint(4, tok.vocab_size, (2, 16)))
+    total0, task0, p0 = mixed_loss(model, batch, pre, 0.0)
+    assert p0 is None and torch.equal(total0, task0)
+    total, task, p = mixed_loss(model, batch, pre, 0.5)
+    expected_pre = F.cross_entropy(model(pre[0]).flatten(0, 1), pre[1].flatten())
+    torch.testing.assert_close(p, expected_pre)
+    torch.testing.assert_close(total, task + 0.5 * expected_pre)
+    torch.testing.assert_close(task, task0)
+
+
+def _cfg(**kw):
+    base = dict(max_iters=8, batch_size=4, warmup=1, eval_interval=4, eval_iters=2, log_interval=1, lr=3e-3)
+    base.update(kw)
+    return FinetuneConfig(**base)
+
+
+def test_finetune_learns_the_task_and_resumes_exactly(base_run, tmp_path):
+    cfg = _cfg(mix=0.5)
+    straight = finetune(base_run, tmp_path / "a", _pairs(), _pairs(), cfg, quiet=True, plot=False)
+    assert straight.after["task_loss"] < straight.before["task_loss"] - 0.3
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert set(results["before"]) == set(results["after"]) == {"task_loss", "pretrain_loss"}
+    first = finetune(base_run, tmp_path / "b", _pairs(), _pairs(), cfg, stop_at=3, quiet=True, plot=False)
+    torch.manual_seed(777)
+    rest = finetune(base_run, tmp_path / "b", _pairs(), _pairs(), cfg, resume=True, quiet=True, plot=False)
+    assert first.losses + rest.losses == straight.losses
+    assert first.pretrain_losses[0] > 0  # the pretraining batches were really used
+    assert rest.after == straight.after
+
+
+def test_lora_finetune_trains_a_low_rank_update_and_exports_a_plain_gpt(base_run, tmp_path):
+    from qkv.generation.completer import Completer
+
+    result = finetune(base_run, tmp_path / "lora", _pairs(), _pairs(), _cfg(lora_rank=2), quiet=True, plot=False)
+    assert result.after["task_loss"] < result.before["task_loss"]
+    base, tuned = load_run(base_run)[0], load_run(tmp_path / "lora")[0]  # loads into a plain GPT
+    b, t = base.state_dict(), tuned.state_dict()
+    w = "layers.0.feed_forward.w_1.weight"
+    delta = t[w] - b[w]
+    assert delta.abs().max() > 0 and torch.linalg.matrix_rank(delta, atol=1e-6) <= 2
+    assert torch.equal(t["token_embedding.weight"], b["token_embedding.weight"])  # not a target: frozen
+    assert (tmp_path / "lora" / "adapter.safetensors").is_file()
+    out = Completer.from_run(tmp_path / "lora").complete("Chinese: 我累了。\nEnglish:", max_new_tokens=5,
+                                                          temperature=0)
+    assert isinstance(out, str)
+
+
+def test_a_malformed_record_names_the_file_and_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "a", "response": "b"}\n\n{"prompt": "c", "response": 3}\n', encoding="utf-8")
+    with pytest.raises(SFTDataError, match=r"pairs.jsonl:3: 'response' must be a string"):
+        read_jsonl_pairs(path)
+    path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c"\n', encoding="utf-8")
+    with pytest.raises(SFTDataError, match=r"pairs.jsonl:2: not a JSON object"):
+        read_jsonl_pairs(path)
+    path.write_text('{"prompt": "a"}\n', encoding="utf-8")
+    with pytest.raises(SFTDataError, match=r"pairs.jsonl:1: missing key 'response'"):
+        read_jsonl_pairs(path)
+    with pytest.raises(FileNotFoundError):
+        read_jsonl_pairs(tmp_path / "none.jsonl")
+
+
+def test_an_example_longer_than_the_context_names_its_record(base_run):
+    _, tok, _ = load_run(base_run)
+    long = [Pair("Chinese: " + "我" * 60, " I'm tired.", "pairs.jsonl:7")]
+    with pytest.raises(SFTDataError, match="pairs.jsonl:7: .* context of 48"):
+        encode_pairs(long, tok, 48)
+    long = [Pair("Chinese: 我", " I'm tired." * 8, "x:1")]
+    (ex,) = encode_pairs(long, tok, 48, truncate=True)
+    assert len(ex.ids) == 49
