@@ -14,7 +14,10 @@ import sys
 # Modules that add subcommands, in the order --help lists them. A module that is missing (an optional
 # part not installed) is skipped.
 COMMAND_MODULES = [
+    "qkv.mt_commands",
+    "qkv.lm_commands",
     "qkv.data.commands",
+    "qkv.interpret.commands",
     "qkv.interpret.explorer.commands",
 ]
 

@@ -130,9 +130,7 @@ def _generate(args: argparse.Namespace) -> int:
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=args.stop)
     if args.prompt is not None:
-        if args.prompt:
-            sys.stdout.write(args.prompt)
-        completer.complete(args.prompt, stream=sys.stdout, sliding_window=args.sliding_window, **kw)
+        completer.complete(args.prompt, stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
         sys.stdout.write("\n")
         sys.stdout.flush()
         return 0
@@ -195,6 +193,9 @@ def _eval_lm(args: argparse.Namespace) -> int:
         what = args.text
     else:
         path = Path(args.run) / TOKENS_FILE
+        finetune_file = Path(args.run) / "finetune.json"
+        if not path.is_file() and finetune_file.is_file():  # a fine-tuned run: its base run's corpus
+            path = Path(json.loads(finetune_file.read_text(encoding="utf-8"))["base_run"]) / TOKENS_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no tokenized corpus in the run; pass --text FILE")
         train, valid = split_by_position(load_tokens(path), recipe.data.valid_fraction)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import BinaryIO, Iterator, TextIO
 
 
 def command_group(subparsers, name: str, help: str) -> argparse._SubParsersAction:
@@ -112,47 +111,48 @@ def cmd_train_mt(args: argparse.Namespace) -> int:
 # qkv translate
 
 
-def _chunks(stream: TextIO, size: int) -> Iterator[list[str]]:
-    """Lines of ``stream`` in groups of up to ``size``, without waiting for more input than is there.
+def _decode_line(raw: bytes) -> str:
+    # Bad bytes become U+FFFD (then <unk>) instead of stopping the pipe.
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
 
-    A pipe that sends one line and waits for its translation gets it: a group ends when no further
-    line is ready to read (on platforms without select on pipes, every line is its own group).
+
+def line_groups(source: BinaryIO | TextIO, size: int) -> Iterator[list[str]]:
+    """Lines of ``source`` in groups of up to ``size``: every line already available, but never waiting for more.
+
+    Reading the file descriptor directly (not through Python's buffered readline) tells exactly which
+    lines have arrived: a producer that sends one line and waits for its translation gets it at
+    once, and ``cat big.txt |`` is still translated in full batches. A stream without a file
+    descriptor (a test's StringIO) is read line by line.
     """
-    fd = None
     try:
-        fd = stream.fileno()
+        fd = source.fileno()
     except (OSError, ValueError, AttributeError):
-        pass
-    can_poll = fd is not None and os.name == "posix"
-    group: list[str] = []
-    while True:
-        line = stream.readline()
-        if not line:
-            break
-        group.append(line.rstrip("\r\n"))
-        ready = False
-        if len(group) < size and can_poll:
-            try:
-                ready = bool(select.select([fd], [], [], 0)[0])
-            except (OSError, ValueError):
-                ready = False
-        if (not can_poll and fd is not None) or len(group) >= size or not ready:
-            # No more data now (or a full group): translate what we have before reading on.
-            if not ready or len(group) >= size or not can_poll:
+        fd = None
+    if fd is None:
+        group: list[str] = []
+        for line in source:
+            group.append(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
+            group[-1] = group[-1].rstrip("\n").rstrip("\r")
+            if len(group) >= size:
                 yield group
                 group = []
-    if group:
-        yield group
-
-
-def _open_text_input(path: str | None) -> TextIO:
-    if path is None:
-        # Bad bytes become U+FFFD (then <unk>) instead of stopping the pipe.
-        return open(sys.stdin.fileno(), "r", encoding="utf-8", errors="replace", closefd=False)
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"input file not found: {p}")
-    return open(p, "r", encoding="utf-8", errors="replace", newline=None)
+        if group:
+            yield group
+        return
+    pending: list[str] = []
+    buffer = b""
+    while True:
+        if pending:
+            yield pending[:size]
+            pending = pending[size:]
+            continue
+        chunk = os.read(fd, 1 << 16)  # blocks only when no complete line is waiting
+        if not chunk:
+            if buffer:  # a last line without a final newline
+                yield [_decode_line(buffer)]
+            return
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        pending = [_decode_line(line) for line in lines]
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -160,26 +160,31 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam:
         raise ValueError(f"need 1 <= --nbest <= --beam, got --nbest {args.nbest}, --beam {args.beam}")
+    if args.input and not Path(args.input).is_file():
+        raise FileNotFoundError(f"input file not found: {args.input}")
     translator = Translator.from_run(args.run, device=args.device)
+    source = open(args.input, "rb") if args.input else sys.stdin
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     line_no = 0
     try:
-        with _open_text_input(args.input) as stream:
-            for group in _chunks(stream, max(args.batch_size, 1)):
-                try:
-                    results = translator.translate_nbest(group, beam=args.beam, n_best=args.nbest, alpha=args.alpha,
-                                                         truncate=args.truncate)
-                except InputTooLongError as e:
-                    where = args.input or "stdin"
-                    raise ValueError(f"{where}, line {line_no + e.index + 1}: {e}") from None
-                for hyps in results:
-                    if args.nbest == 1:
-                        out.write(hyps[0][0] + "\n")
-                    else:
-                        out.write("\t".join(f"{text}\t{score:.4f}" for text, score in hyps) + "\n")
-                out.flush()
-                line_no += len(group)
+        for group in line_groups(source, max(args.batch_size, 1)):
+            try:
+                results = translator.translate_nbest(group, beam=args.beam, n_best=args.nbest, alpha=args.alpha,
+                                                     truncate=args.truncate)
+            except InputTooLongError as e:
+                raise ValueError(f"{args.input or 'stdin'}, line {line_no + e.index + 1}: {e.n_tokens} tokens (with "
+                                 f"<eos>), but the model reads at most {e.limit}; split the line, or pass "
+                                 "--truncate to keep its first tokens") from None
+            for hyps in results:
+                if args.nbest == 1:
+                    out.write(hyps[0][0] + "\n")
+                else:
+                    out.write("\t".join(f"{text}\t{score:.4f}" for text, score in hyps) + "\n")
+            out.flush()
+            line_no += len(group)
     finally:
+        if args.input:
+            source.close()
         if args.output:
             out.close()
     return 0

@@ -68,7 +68,8 @@ def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
     assert qkv.cli.main(["generate", "--run", str(run), "x", "--temperature", "-1"]) == 2
     assert "temperature must be >= 0" in capsys.readouterr().err
     assert qkv.cli.main(["generate", "--run", str(run), "x" * 40]) == 2
-    assert "--sliding-window" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "--sliding-window" in captured.err and captured.out == ""  # nothing echoed before the error
 
 
 def test_eval_lm_prints_loss_and_perplexity(run, capsys):
@@ -91,6 +92,8 @@ def test_finetune_with_lora_from_the_command_line(run, tmp_path, capsys):
                          str(tmp_path / "ft"), "--lora", "2", "--quiet", "max_iters=4", "warmup=1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["step"] == 4 and out["after"]["task_loss"] < out["before"]["task_loss"]
+    assert qkv.cli.main(["eval", "lm", "--run", str(tmp_path / "ft"), "--json"]) == 0  # the base run's corpus
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(out["after"]["pretrain_loss"])
     with pytest.raises(SystemExit):  # --mix and --lora are alternatives
         qkv.cli.main(["finetune", "--run", str(run), "--data", str(data), "--out", "x", "--mix", "1", "--lora", "2"])
 

@@ -31,9 +31,9 @@ class RunError(ValueError):
 class InputTooLongError(ValueError):
     """A source sentence with more tokens than the model has positions."""
 
-    def __init__(self, message: str, index: int) -> None:
+    def __init__(self, message: str, index: int, n_tokens: int, limit: int) -> None:
         super().__init__(message)
-        self.index = index
+        self.index, self.n_tokens, self.limit = index, n_tokens, limit
 
 
 def find_weights(run_dir: Path) -> Path | None:
@@ -161,7 +161,7 @@ class Translator:
                 if not truncate:
                     raise InputTooLongError(
                         f"input {i + 1} has {len(ids)} tokens (with <eos>) but the model reads at most {limit}; "
-                        "split the sentence, or pass truncate=True (--truncate) to keep its first tokens", i)
+                        "split the sentence, or pass truncate=True (--truncate) to keep its first tokens", i, len(ids), limit)
                 print(f"warning: input {i + 1} truncated from {len(ids)} to {limit} tokens", file=sys.stderr)
                 ids = ids[: limit - 1] + [self.tokenizer.eos_id]
             out.append(ids)

@@ -88,6 +88,7 @@ class Completer:
         stop: Sequence[str] = (),
         stream: TextIO | None = None,
         sliding_window: bool = False,
+        echo: bool = False,
     ) -> str:
         """The continuation of ``prompt`` (without the prompt).
 
@@ -101,6 +102,7 @@ class Completer:
             stop: Strings that end the completion; the first one found is cut off with what follows.
             stream: Write the text there as it is generated (e.g. ``sys.stdout``), flushed per token.
             sliding_window: Let the prompt and the output exceed the context (see the module docstring).
+            echo: Write the prompt to ``stream`` first (once the arguments are known to be valid).
 
         Returns:
             The generated text, cut before the first stop string; ``<eos>`` ends it too.
@@ -114,6 +116,9 @@ class Completer:
         out: list[int] = []
         text, emitted = "", 0
         window = ids[-ctx:]
+        if echo and stream is not None:
+            stream.write(prompt)
+            stream.flush()
         if max_new_tokens == 0:
             return ""
         try:

@@ -94,6 +94,8 @@ class LMTrainConfig:
         dtype: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (CUDA only).
         compile: ``torch.compile`` the model (gains little on CPU; never required).
         keep_best: ``model.safetensors`` gets the weights of the best validation estimate, not the last.
+        threads: CPU threads for torch (0: torch's default). On a shared machine 1 can be faster than
+            2: a busy core stalls every multi-threaded operation.
     """
 
     batch_size: int = 64
@@ -117,6 +119,7 @@ class LMTrainConfig:
     dtype: str = "auto"
     compile: bool = False
     keep_best: bool = True
+    threads: int = 0
 
     def __post_init__(self) -> None:
         from qkv.config import ConfigError
@@ -124,7 +127,7 @@ class LMTrainConfig:
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("context", "warmup", "lr_decay_iters", "checkpoint_interval"):
+        for name in ("context", "warmup", "lr_decay_iters", "checkpoint_interval", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.lr or self.min_lr < 0 or self.min_lr > self.lr:

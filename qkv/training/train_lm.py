@@ -209,6 +209,8 @@ def train_lm(
     """
     run_dir = Path(run_dir)
     tc = recipe.train
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
     amp = autocast_dtype(tc.dtype, device)
     context = recipe.context

@@ -2,8 +2,6 @@
 
 import argparse
 import socket
-import sys
-import types
 
 import pytest
 
@@ -36,16 +34,17 @@ def test_run_missing_dir(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-def test_run_when_capture_is_not_available(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "qkv.interpret.capture", None)  # import fails like a missing module
+def test_run_dir_that_is_not_a_run(tmp_path, capsys):
     args = parse("--run", str(tmp_path), "--export", str(tmp_path / "p.html"))
     assert commands.run(args) == 2
     err = capsys.readouterr().err
-    assert "not available yet" in err and "figures 1-5 work without --run" in err
+    assert "no config.json" in err and str(tmp_path) in err
     assert not (tmp_path / "p.html").exists()
 
 
-def test_run_with_capture_provider_embeds_maps(tmp_path, capsys, monkeypatch):
+def test_run_with_provider_embeds_maps(tmp_path, capsys, monkeypatch):
+    from qkv.interpret import model_maps
+
     seen = {}
 
     def make_attention_provider(run_dir):
@@ -58,9 +57,7 @@ def test_run_with_capture_provider_embeds_maps(tmp_path, capsys, monkeypatch):
                               "weights": [[[1.0 / n] * n for _ in toks]]}]}
         return provider
 
-    fake = types.ModuleType("qkv.interpret.capture")
-    fake.make_attention_provider = make_attention_provider
-    monkeypatch.setitem(sys.modules, "qkv.interpret.capture", fake)
+    monkeypatch.setattr(model_maps, "make_attention_provider", make_attention_provider)
     out = tmp_path / "p.html"
     assert commands.run(parse("--run", str(tmp_path), "--export", str(out))) == 2
     assert "needs --text" in capsys.readouterr().err

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -49,25 +48,15 @@ def _error(message: str) -> int:
 
 
 def _load_provider(run_dir: str):
-    """The run's ``text -> attention maps`` function, from ``qkv.interpret.capture`` (imported lazily)."""
+    """The run's ``text -> attention maps`` function (qkv.interpret.model_maps)."""
     if not Path(run_dir).is_dir():
         raise LookupError(f"--run {run_dir}: no such directory")
+    from qkv.interpret.model_maps import make_attention_provider
+
     try:
-        capture = importlib.import_module("qkv.interpret.capture")
-    except ModuleNotFoundError as err:
-        if err.name and "qkv.interpret.capture".startswith(err.name):
-            raise LookupError(
-                "--run: showing a trained model's attention is not available yet "
-                "(qkv.interpret.capture is missing); figures 1-5 work without --run"
-            ) from None
-        raise
-    factory = getattr(capture, "make_attention_provider", None)
-    if factory is None:
-        raise LookupError(
-            "--run: showing a trained model's attention is not available yet "
-            "(qkv.interpret.capture has no make_attention_provider); figures 1-5 work without --run"
-        )
-    return factory(run_dir)
+        return make_attention_provider(run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        raise LookupError(f"--run {run_dir}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:

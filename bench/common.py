@@ -1,0 +1,96 @@
+"""What every benchmark here shares: fresh worker processes run alternately, medians, memory, peak FLOP/s.
+
+Each (implementation, repeat) runs in its own process so that peak resident memory is that
+implementation's alone; the runs alternate (A, B, A, B, ...) so that drift on a shared machine hits
+both alike; the report quotes medians and ratios, the command, the machine and the date.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+
+def rss_mb() -> float:
+    """Current resident memory of this process."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def matmul_peak_gflops(n: int = 1024, reps: int = 20) -> float:
+    """fp32 matmul throughput of this machine right now (best of ``reps``): the ceiling for training."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+
+def time_steps(step: Callable[[], object], steps: int, warmup: int) -> list[float]:
+    """Wall time of each of ``steps`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_alternating(script: str, impls: list[str], repeats: int, extra: list[str]) -> dict[str, list[dict]]:
+    """Run ``script --worker IMPL *extra`` for each impl, ``repeats`` rounds, alternating; parse its last JSON line."""
+    runs: dict[str, list[dict]] = {i: [] for i in impls}
+    for r in range(repeats):
+        for impl in impls:
+            out = subprocess.run([sys.executable, script, "--worker", impl, *extra], capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"{impl} worker failed:\n{out.stderr}")
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[impl].append(res)
+            shown = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in res.items() if k != "impl"}
+            print(f"[{r + 1}/{repeats}] {impl:8s} {shown}", file=sys.stderr)
+    return runs
+
+
+def median_of(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def write_result(path: str, result: dict) -> None:
+    """Add the command, date and machine, write JSON, print the summary to stdout."""
+    import torch
+
+    result = {
+        **result,
+        "command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
+        + f", {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads",
+    }
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))

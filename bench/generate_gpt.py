@@ -1,0 +1,98 @@
+"""KV-cache generation speed of qkv's GPT against HF ``generate()`` with its cache, side by side in one run.
+
+The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256, vocab 65) with random
+weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
+batch 1 and batch 8; qkv with and without its cache. fp32, eval mode, torch.inference_mode for both.
+
+    python bench/generate_gpt.py [--repeats 5] [--out bench/results/generate_gpt.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import median_of, run_alternating, write_result  # noqa: E402
+
+VOCAB, CONTEXT, PROMPT, NEW = 65, 256, 16, 200
+
+
+def worker(impl: str, batch: int, reps: int) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
+    if impl.startswith("qkv"):
+        from qkv import GPT, preset
+        from qkv.generation import generate
+
+        model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+        use_cache = impl == "qkv"
+
+        def run():
+            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache)
+            assert all(len(o) == NEW for o in out)
+    elif impl == "hf":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+        model = GPT2LMHeadModel(cfg).eval()
+        mask = torch.ones_like(prompt)
+
+        def run():
+            out = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                                 use_cache=True, eos_token_id=None, pad_token_id=0)
+            assert out.shape[1] == PROMPT + NEW
+    else:
+        raise ValueError(impl)
+    times = []
+    with torch.inference_mode():
+        run()  # warm-up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return {"impl": impl, "batch": batch, "tokens_per_s": batch * NEW / statistics.median(times),
+            "ms_per_step": 1000 * statistics.median(times) / NEW}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of fresh processes")
+    ap.add_argument("--reps", type=int, default=3, help="timed generations per process")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--impls", default="qkv,hf,qkv-nocache")
+    ap.add_argument("--out", default="bench/results/generate_gpt.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.batch, args.reps)))
+        return
+    result = {"benchmark": "GPT generation, nanoGPT shakespeare-char config, 16-token prompt, 200 new tokens, greedy",
+              "by_batch": {}}
+    all_runs = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        impls = args.impls.split(",")
+        runs = run_alternating(__file__, impls, args.repeats, ["--batch", str(batch), "--reps", str(args.reps)])
+        summary = {impl: {"tokens_per_s_median": median_of(rs, "tokens_per_s"), "ms_per_step_median": median_of(rs, "ms_per_step")}
+                   for impl, rs in runs.items()}
+        if "qkv" in summary and "hf" in summary:
+            summary["ratio_qkv_over_hf"] = summary["qkv"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
+        if "qkv" in summary and "qkv-nocache" in summary:
+            summary["ratio_cache_over_nocache"] = (summary["qkv"]["tokens_per_s_median"]
+                                                   / summary["qkv-nocache"]["tokens_per_s_median"])
+        result["by_batch"][str(batch)] = summary
+        all_runs[str(batch)] = runs
+    result["runs"] = all_runs
+    write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Training speed and memory of qkv's encoder-decoder against HF MarianMTModel, side by side in one run.
+
+Both models have the same dims: d_model 256, 3 encoder + 3 decoder layers, 4 heads, d_ff 1024, one
+shared 8,000-token vocabulary, post-norm, ReLU, sinusoidal positions, embeddings scaled by
+sqrt(d_model) and tied to the output projection, dropout 0.1 on embeddings and sublayer outputs (no
+attention or activation dropout, as in the paper). Both see identical padded batches of 64 pairs
+(source and target lengths drawn from 8 to 32 tokens) and the same loss (label-smoothed cross-entropy,
+0.1, padding ignored) and optimizer (the paper's Adam, fused). Tokens/s counts non-padding target tokens.
+
+    python bench/train_mt.py [--repeats 5] [--steps 12] [--out bench/results/train_mt.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, write_result  # noqa: E402
+
+VOCAB, D, LAYERS, HEADS, FF, PAIRS, PAD = 8000, 256, 3, 4, 1024, 64, 0
+
+
+def batches(n: int):
+    """n identical-for-everyone padded batches: (src, tgt_in, tgt_out), right-padded with PAD."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        s_len = torch.randint(8, 33, (PAIRS,), generator=g)
+        t_len = torch.randint(8, 33, (PAIRS,), generator=g)
+        src = torch.full((PAIRS, int(s_len.max())), PAD)
+        tgt = torch.full((PAIRS, int(t_len.max()) + 1), PAD)
+        for i in range(PAIRS):
+            src[i, : s_len[i]] = torch.randint(4, VOCAB, (int(s_len[i]),), generator=g)
+            tgt[i, 0] = 1  # <bos>
+            tgt[i, 1 : t_len[i] + 1] = torch.randint(4, VOCAB, (int(t_len[i]),), generator=g)
+        out.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return out
+
+
+def build(impl: str):
+    """The model and a function (src, tgt_in) -> logits (B, T, V)."""
+    if impl == "qkv":
+        from qkv import ModelConfig, Transformer
+
+        cfg = ModelConfig(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS, dropout=0.1, max_len=256)
+        model = Transformer(cfg)
+        return model, lambda src, tgt: model(src, tgt)
+    if impl == "marian":
+        from transformers import MarianConfig, MarianMTModel
+
+        cfg = MarianConfig(
+            vocab_size=VOCAB, d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF, activation_function="relu",
+            dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=256,
+            scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=1, eos_token_id=2, forced_eos_token_id=2,
+            share_encoder_decoder_embeddings=True, tie_word_embeddings=True, attn_implementation="sdpa",
+        )
+        model = MarianMTModel(cfg)
+
+        def forward(src, tgt):
+            return model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt).logits
+
+        return model, forward
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def worker(impl: str, steps: int, warmup: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model, forward = build(impl)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    data = batches(steps + warmup)
+    it = iter(data)
+    tokens = [int((tgt_out != PAD).sum()) for _, _, tgt_out in data[warmup:]]
+
+    def step():
+        src, tgt_in, tgt_out = next(it)
+        logits = forward(src, tgt_in)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    rss_before = rss_mb()
+    times = time_steps(step, steps, warmup)
+    per_step = [n / t for n, t in zip(tokens, times)]
+    return {
+        "impl": impl, "tokens_per_s": statistics.median(per_step), "peak_rss_mb": peak_rss_mb(),
+        "training_rss_mb": peak_rss_mb() - rss_before, "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--impls", default="qkv,marian")
+    ap.add_argument("--out", default="bench/results/train_mt.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.warmup)))
+        return
+    impls = args.impls.split(",")
+    peak = matmul_peak_gflops()
+    runs = run_alternating(__file__, impls, args.repeats, ["--steps", str(args.steps), "--warmup", str(args.warmup)])
+    summary = {impl: {"tokens_per_s_median": median_of(rs, "tokens_per_s"),
+                      "peak_rss_mb_median": median_of(rs, "peak_rss_mb"), "params": rs[0]["params"]}
+               for impl, rs in runs.items()}
+    result = {"benchmark": "encoder-decoder training, d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocab 8k, 64 pairs",
+              "matmul_peak_gflops": peak, "summary": summary}
+    if "qkv" in summary and "marian" in summary:
+        result["ratio_tokens_per_s_qkv_over_marian"] = (
+            summary["qkv"]["tokens_per_s_median"] / summary["marian"]["tokens_per_s_median"])
+    result["runs"] = runs
+    write_result(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""``qkv plot attention --run DIR "text"`` (a head grid per layer and kind) and ``qkv plot curves --run DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    plot = subparsers.add_parser("plot", help="PNG figures: attention heads of a trained model, training curves")
+    sub = plot.add_subparsers(dest="plot_command", metavar="WHAT", required=True)
+    p = sub.add_parser("attention", help="every head of every layer on a text (encoder self, decoder self, cross)")
+    p.add_argument("--run", required=True, help="a run directory (qkv train mt|lm, qkv demo)")
+    p.add_argument("text", help="a source sentence (translation) or a prompt (GPT)")
+    p.add_argument("--out", help="output folder (default RUN/attention)")
+    p.add_argument("--beam", type=int, default=1, help="beam size for the translation whose maps are drawn")
+    p.set_defaults(func=plot_attention_cmd)
+    p = sub.add_parser("curves", help="loss (and lr, BLEU) against step, from RUN/metrics.jsonl")
+    p.add_argument("--run", required=True)
+    p.add_argument("--out", help="output PNG (default RUN/curves.png)")
+    p.set_defaults(func=plot_curves_cmd)
+
+
+def plot_attention_cmd(args: argparse.Namespace) -> int:
+    from qkv.interpret.model_maps import make_attention_provider
+    from qkv.interpret.plots import plot_attention
+
+    payload = make_attention_provider(args.run, beam=args.beam)(args.text)
+    out_dir = Path(args.out or Path(args.run) / "attention")
+    if payload.get("output"):
+        print(f"output: {payload['output']}", file=sys.stderr)
+    for m in payload["maps"]:
+        path = out_dir / f"{m['kind']}_layer{m['layer']}.png"
+        plot_attention(m["weights"], m["query_tokens"], m["key_tokens"], path, title=m["name"])
+        print(path)
+    return 0
+
+
+def plot_curves_cmd(args: argparse.Namespace) -> int:
+    from qkv.training.plots import plot_curves
+
+    metrics = Path(args.run) / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{args.run}: no metrics.jsonl (written while `qkv train` runs)")
+    print(plot_curves(metrics, Path(args.out or Path(args.run) / "curves.png")))
+    return 0

@@ -1,0 +1,169 @@
+"""Greedy and beam search: beam 1 = greedy, cached = uncached, batch = one by one, scores = rescoring."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.config import preset
+from qkv.generation.beam import beam_search, greedy_search, length_penalty, max_new_tokens
+from qkv.models.transformer import Transformer
+from qkv.modules.masks import padding_mask
+
+BOS, EOS, PAD = 1, 2, 0
+V = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # A model this small gains nothing from intra-op threads, and loses a lot on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A random tiny Transformer whose <eos> logit is strong enough that outputs end at varied lengths."""
+    torch.manual_seed(0)
+    cfg = preset("tiny-transformer", vocab_size=V, dropout=0.0, tie_embeddings=False, max_len=40)
+    m = Transformer(cfg).eval()
+    with torch.no_grad():
+        m.generator.weight[EOS] *= 3.0
+    return m
+
+
+@pytest.fixture(scope="module")
+def src():
+    g = torch.Generator().manual_seed(1)
+    s = torch.randint(4, V, (6, 9), generator=g)
+    for row, length in enumerate([9, 7, 3, 5, 1, 8]):
+        s[row, length:] = PAD
+    return s
+
+
+def test_outputs_end_at_varied_lengths(model, src):
+    lengths = {len(x) for x in greedy_search(model, src, BOS, EOS, limit=20)}
+    assert len(lengths) >= 3 and min(lengths) < 20  # the fixture exercises <eos>, not only the limit
+
+
+def test_beam_of_one_is_greedy(model, src):
+    greedy = greedy_search(model, src, BOS, EOS, limit=20)
+    beam = beam_search(model, src, BOS, EOS, beam_size=1, limit=20)
+    assert [h[0].tokens for h in beam] == greedy
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_cached_equals_uncached(model, src, search):
+    if search == "greedy":
+        assert greedy_search(model, src, BOS, EOS, limit=20) == greedy_search(model, src, BOS, EOS, limit=20, use_cache=False)
+    else:
+        a = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, limit=20)
+        b = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, limit=20, use_cache=False)
+        assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]
+        for x, y in zip(a, b):
+            assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
+
+
+def test_beam_without_cache_reorder_is_wrong(model, src, monkeypatch):
+    """The test above can fail: a beam search that does not reorder the cache gives other outputs."""
+    right = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, limit=20)
+    monkeypatch.setattr(type(model), "reorder_cache", lambda self, idx: None)
+    with pytest.raises(Exception):
+        wrong = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, limit=20)
+        assert [[h.tokens for h in x] for x in wrong] == [[h.tokens for h in x] for x in right]
+
+
+def test_batch_equals_one_by_one(model, src):
+    batch = beam_search(model, src, BOS, EOS, beam_size=4, n_best=3, limit=20)
+    greedy = greedy_search(model, src, BOS, EOS, limit=20)
+    for i in range(src.shape[0]):
+        alone = src[i:i + 1, : int((src[i] != PAD).sum())]
+        one = beam_search(model, alone, BOS, EOS, beam_size=4, n_best=3, limit=20)[0]
+        assert [h.tokens for h in one] == [h.tokens for h in batch[i]]
+        assert [h.score for h in one] == pytest.approx([h.score for h in batch[i]], abs=1e-4)
+        assert greedy_search(model, alone, BOS, EOS, limit=20)[0] == greedy[i]
+
+
+def test_scores_match_rescoring_with_teacher_forcing(model, src):
+    alpha = 0.6
+    hyps = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, alpha=alpha, limit=20)
+    for i, hs in enumerate(hyps):
+        assert [h.score for h in hs] == sorted((h.score for h in hs), reverse=True)
+        for h in hs:
+            tgt = torch.tensor([[BOS] + h.tokens])
+            gold = torch.tensor(h.tokens + [EOS])
+            with torch.no_grad():
+                logp = F.log_softmax(model(src[i:i + 1], tgt)[0], dim=-1)  # (T, V)
+            logprob = float(logp.gather(1, gold[:, None]).sum())
+            assert h.logprob == pytest.approx(logprob, abs=1e-4)
+            assert h.score == pytest.approx(logprob / length_penalty(len(h.tokens) + 1, alpha), abs=1e-4)
+
+
+def test_beam_finds_at_least_greedys_probability_without_length_penalty(model, src):
+    greedy = greedy_search(model, src, BOS, EOS, limit=20)
+    beam = beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.0, limit=20)
+    for i, g in enumerate(greedy):
+        with torch.no_grad():
+            logp = F.log_softmax(model(src[i:i + 1], torch.tensor([[BOS] + g]))[0], dim=-1)
+        greedy_logprob = float(logp.gather(1, torch.tensor(g + [EOS])[:, None]).sum())
+        assert beam[i][0].logprob >= greedy_logprob - 1e-5
+
+
+def test_length_penalty_is_gnmt():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+def test_max_length_is_source_plus_50_capped_by_positions():
+    s = torch.tensor([[5, 6, 7, PAD], [5, PAD, PAD, PAD]])
+    assert max_new_tokens(s, PAD, model_max_len=1000).tolist() == [53, 51]
+    assert max_new_tokens(s, PAD, model_max_len=40).tolist() == [39, 39]
+    assert max_new_tokens(s, PAD, model_max_len=1000, limit=5).tolist() == [5, 5]
+
+
+class _NoEos(torch.nn.Module):
+    """The output projection with <eos> pushed far down: the model never wants to stop."""
+
+    def __init__(self, generator):
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, x):
+        logits = self.generator(x)
+        logits[..., EOS] -= 100.0
+        return logits
+
+
+def test_limit_forces_eos(model, src):
+    """With <eos> made unlikely, every output stops exactly at its limit."""
+    generator = model.generator
+    model.generator = _NoEos(generator)
+    try:
+        out = greedy_search(model, src, BOS, EOS, limit=6)
+        beams = beam_search(model, src, BOS, EOS, beam_size=3, limit=6)
+        # Default: source length + 50, capped by the 40 positions (39 after <bos>).
+        lengths = [len(x) for x in greedy_search(model, src, BOS, EOS)]
+    finally:
+        model.generator = generator
+    assert [len(x) for x in out] == [6] * src.shape[0]
+    assert all(len(h[0].tokens) == 6 for h in beams)
+    assert lengths == [39] * src.shape[0]
+
+
+def test_nbest_and_beam_arguments_checked(model, src):
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(model, src, BOS, EOS, beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, BOS, EOS, beam_size=0)
+
+
+def test_search_leaves_model_as_it_was(model, src):
+    model.train()
+    greedy_search(model, src, BOS, EOS, limit=5)
+    beam_search(model, src, BOS, EOS, beam_size=2, limit=5)
+    assert model.training
+    assert all(m.cache is None for m in model.modules() if hasattr(m, "cache"))
+    model.eval()
+    assert padding_mask(src, PAD).shape == (6, 1, 1, 9)

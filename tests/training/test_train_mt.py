@@ -1,0 +1,167 @@
+"""The translation trainer: run directory contents, exact resume, early stop, time budget, schedule, config errors."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from qkv.config import ConfigError, ModelConfig, apply_overrides, load_yaml
+from qkv.data.translation import DataConfig
+from qkv.generation.api import Translator
+from qkv.training.checkpoint import load_weights
+from qkv.training.logging import read_metrics
+from qkv.training.schedules import noam_lr
+from qkv.training.train_mt import TrainConfig, learning_rate, load_train_config, train
+
+TINY = TrainConfig(
+    model=ModelConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.1, max_len=64),
+    data=DataConfig(corpus="demo", vocab_size=150, max_tokens=300, max_src_len=40, max_tgt_len=40,
+                    demo_train=300, demo_valid=16, demo_test=8),
+    max_steps=6, warmup=2, peak_lr=2e-3, eval_every=3, eval_bleu_sentences=4, log_every=1,
+    keep_checkpoints=2, average_last=2, test_beam=2,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A run of 6 steps in one go."""
+    run = tmp_path_factory.mktemp("straight")
+    summary = train(TINY, run, quiet=True)
+    return run, summary
+
+
+def _train_losses(run):
+    return {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"}
+
+
+def test_run_directory_holds_everything(straight):
+    run, summary = straight
+    for name in ("config.json", "tokenizer.json", "model.safetensors", "last.safetensors", "last.pt",
+                 "best.safetensors", "metrics.jsonl", "curves.png", "results.json", "test.hyp"):
+        assert (run / name).is_file(), name
+    assert len(list(run.glob("step_*.safetensors"))) == 2  # keep_checkpoints
+    cfg = load_train_config(None, run_dir=run, resume=True)
+    assert cfg.model.vocab_size == json.loads((run / "tokenizer.json").read_text())["model"]["vocab"].__len__()
+    assert summary["steps"] == 6 and summary["stop"] == "max_steps"
+    assert summary["final"] in ("last", "best", "average")
+    splits = {r["split"] for r in read_metrics(run / "metrics.jsonl")}
+    assert {"train", "valid", "select", "test"} <= splits
+    valid = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [3, 6] and all("bleu" in r for r in valid)
+    assert len((run / "test.hyp").read_text(encoding="utf-8").splitlines()) == 8
+    results = json.loads((run / "results.json").read_text())
+    assert 0.0 <= results["test"]["bleu"] <= 100.0
+
+
+def test_training_lowers_the_loss(straight):
+    losses = _train_losses(straight[0])
+    assert losses[6] < losses[1]
+
+
+def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
+    run, _ = straight
+    cut = tmp_path / "cut"
+    train(replace(TINY, max_steps=3), cut, quiet=True)  # "interrupted" after step 3
+    cfg = load_train_config(None, ["max_steps=6"], cut, resume=True)
+    summary = train(cfg, cut, resume=True, quiet=True)
+    assert summary["steps"] == 6
+    assert _train_losses(cut) == _train_losses(run)  # bit for bit, steps 1-6
+    a, b = Translator.from_run(run, weights=run / "last.safetensors"), Translator.from_run(cut, weights=cut / "last.safetensors")
+    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_translator_loads_the_run(straight):
+    run, _ = straight
+    translator = Translator.from_run(run)
+    out = translator.translate(["小明饿了，他想吃饭。", "", "Привет 🙂 ☃"], beam=2)
+    assert len(out) == 3 and out[1] == ""
+    assert isinstance(translator.translate("小红很忙。", beam=1), str)
+
+
+def test_fresh_run_refuses_to_overwrite(straight):
+    run, _ = straight
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(TINY, run, quiet=True)
+
+
+def test_resume_without_checkpoint_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="last.pt"):
+        train(TINY, tmp_path, resume=True, quiet=True)
+
+
+def test_early_stop_when_validation_stops_improving(tmp_path):
+    # A zero learning rate: the validation loss never improves after the first evaluation.
+    cfg = replace(TINY, peak_lr=0.0, max_steps=30, eval_every=2, patience=2, eval_bleu_sentences=0, test_beam=1)
+    summary = train(cfg, tmp_path, quiet=True)
+    assert summary["stop"] == "early_stop" and summary["steps"] == 6
+
+
+def test_time_budget_stops_training(tmp_path):
+    cfg = replace(TINY, max_minutes=1e-6, max_steps=100, eval_bleu_sentences=0, test_beam=1)
+    summary = train(cfg, tmp_path, quiet=True)
+    assert summary["stop"] == "max_minutes" and summary["steps"] == 1
+    assert (tmp_path / "last.pt").is_file()
+
+
+def test_accumulation_takes_several_batches_per_update(tmp_path):
+    """2 updates of 2 accumulated batches read the same data as 4 updates of one."""
+    positions = []
+    for accumulate, steps in ((2, 2), (1, 4)):
+        cfg = replace(TINY, accumulate=accumulate, max_steps=steps, eval_every=steps, eval_bleu_sentences=0,
+                      test_beam=1)
+        train(cfg, tmp_path / str(accumulate), quiet=True)
+        positions.append(torch.load(tmp_path / str(accumulate) / "last.pt", weights_only=True)["state"]["data"])
+    assert positions[0] == positions[1]
+    assert positions[0]["epoch"] * 1000 + positions[0]["index"] > 0
+
+
+def test_schedule_peak_and_paper_formula():
+    cfg = replace(TINY, warmup=10, peak_lr=1e-3)
+    assert learning_rate(cfg, 10) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 5) == pytest.approx(5e-4)
+    assert learning_rate(cfg, 40) == pytest.approx(5e-4)  # 1e-3 * sqrt(10 / 40)
+    paper = replace(cfg, peak_lr=None, lr_factor=2.0)
+    assert learning_rate(paper, 7) == pytest.approx(noam_lr(7, 32, 10, 2.0))
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'warmup'"):
+        apply_overrides(TINY, ["warmpu=10"])
+    with pytest.raises(ConfigError, match="did you mean 'vocab_size'"):
+        apply_overrides(TINY, ["data.vocab_sise=10"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_modle: 64\n")
+    with pytest.raises(ConfigError, match="bad.yaml.*d_modle.*did you mean 'd_model'"):
+        load_yaml(bad, TrainConfig)
+    with pytest.raises(ConfigError, match="best_metric"):
+        replace(TINY, best_metric="accuracy")
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "mt"
+    files = sorted(root.glob("*.yaml"))
+    assert {f.name for f in files} >= {"demo.yaml", "multi30k_de_en.yaml"}
+    for f in files:
+        cfg = load_yaml(f, TrainConfig)
+        assert cfg.model.arch == "transformer"
+        assert "qkv train mt --config" in f.read_text(encoding="utf-8").split("\nmodel:")[0]  # header shows the command
+
+
+def test_weights_file_loads_into_the_configured_model(straight):
+    run, _ = straight
+    cfg = load_train_config(None, run_dir=run, resume=True)
+    from qkv.models.transformer import Transformer
+
+    load_weights(run / "model.safetensors", Transformer(cfg.model))
