@@ -94,3 +94,38 @@ def write_result(path: str, result: dict) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+
+
+def training_bench_args(doc: str, impls: str, out: str, steps: int, worker: Callable[..., dict],
+                        extra: Callable[..., None] | None = None):
+    """Command-line arguments of a training benchmark; in a worker process, run ``worker(args)`` and exit.
+
+    ``extra(parser)`` adds the benchmark's own options; they are passed on to the workers.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5, help="alternating rounds of fresh processes")
+    ap.add_argument("--steps", type=int, default=steps, help="timed steps per process")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--impls", default=impls)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        sys.exit(0)
+    # Everything but the orchestration options goes to the workers as given.
+    skip = {"--repeats", "--impls", "--out"}
+    passed, i, argv = [], 0, sys.argv[1:]
+    while i < len(argv):
+        key = argv[i].split("=", 1)[0]
+        takes_value = "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if key not in skip:
+            passed += argv[i:i + 1 + takes_value]
+        i += 1 + takes_value
+    args.impls = args.impls.split(",")
+    args.worker_args = passed
+    return args

@@ -9,14 +9,14 @@ Workers run in fresh processes, alternating; see bench/common.py.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, write_result  # noqa: E402
+from common import (  # noqa: E402
+    matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, training_bench_args, write_result,
+)
 
 VOCAB, CONTEXT, BATCH = 65, 256, 8
 
@@ -44,8 +44,10 @@ def build(impl: str):
     raise ValueError(f"unknown implementation {impl!r}")
 
 
-def worker(impl: str, steps: int, warmup: int) -> dict:
+def worker(args) -> dict:
     import torch
+
+    impl, steps, warmup = args.worker, args.steps, args.warmup
 
     torch.manual_seed(0)
     model, loss_fn = build(impl)
@@ -70,24 +72,13 @@ def worker(impl: str, steps: int, warmup: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--impls", default="qkv,hf")
-    ap.add_argument("--out", default="bench/results/train_gpt.json")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.warmup)))
-        return
+    args = training_bench_args(__doc__, "qkv,hf", "bench/results/train_gpt.json", 15, worker)
 
     from qkv import preset
     from qkv.models import flops_per_token
 
-    impls = args.impls.split(",")
     peaks = [matmul_peak_gflops()]
-    runs = run_alternating(__file__, impls, args.repeats, ["--steps", str(args.steps), "--warmup", str(args.warmup)])
+    runs = run_alternating(__file__, args.impls, args.repeats, args.worker_args)
     peaks.append(matmul_peak_gflops())
     peak = statistics.median(peaks)
     fpt = flops_per_token(preset("nanogpt-shakespeare-char"), CONTEXT)["training"]

@@ -4,35 +4,35 @@ Both models have the same dims: d_model 256, 3 encoder + 3 decoder layers, 4 hea
 shared 8,000-token vocabulary, post-norm, ReLU, sinusoidal positions, embeddings scaled by
 sqrt(d_model) and tied to the output projection, dropout 0.1 on embeddings and sublayer outputs (no
 attention or activation dropout, as in the paper). Both see identical padded batches of 64 pairs
-(source and target lengths drawn from 8 to 32 tokens) and the same loss (label-smoothed cross-entropy,
+(source and target lengths drawn uniformly from 8 to 32 tokens, or --min-len..--max-len) and the same loss (label-smoothed cross-entropy,
 0.1, padding ignored) and optimizer (the paper's Adam, fused). Tokens/s counts non-padding target tokens.
 
-    python bench/train_mt.py [--repeats 5] [--steps 12] [--out bench/results/train_mt.json]
+    python bench/train_mt.py [--repeats 5] [--steps 12] [--min-len 8 --max-len 32] [--out bench/results/train_mt.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, write_result  # noqa: E402
+from common import (  # noqa: E402
+    matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, training_bench_args, write_result,
+)
 
 VOCAB, D, LAYERS, HEADS, FF, PAIRS, PAD = 8000, 256, 3, 4, 1024, 64, 0
 
 
-def batches(n: int):
+def batches(n: int, min_len: int, max_len: int):
     """n identical-for-everyone padded batches: (src, tgt_in, tgt_out), right-padded with PAD."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     out = []
     for _ in range(n):
-        s_len = torch.randint(8, 33, (PAIRS,), generator=g)
-        t_len = torch.randint(8, 33, (PAIRS,), generator=g)
+        s_len = torch.randint(min_len, max_len + 1, (PAIRS,), generator=g)
+        t_len = torch.randint(min_len, max_len + 1, (PAIRS,), generator=g)
         src = torch.full((PAIRS, int(s_len.max())), PAD)
         tgt = torch.full((PAIRS, int(t_len.max()) + 1), PAD)
         for i in range(PAIRS):
@@ -44,13 +44,24 @@ def batches(n: int):
 
 
 def build(impl: str):
-    """The model and a function (src, tgt_in) -> logits (B, T, V)."""
+    """The model and a function (src, tgt_in, tgt_out) -> loss: label-smoothed (0.1) cross-entropy
+    averaged over the non-padding target tokens, the same value for both."""
+    import torch.nn.functional as F
+
+    def loss_of(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=PAD, label_smoothing=0.1)
+
     if impl == "qkv":
         from qkv import ModelConfig, Transformer
 
         cfg = ModelConfig(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS, dropout=0.1, max_len=256)
         model = Transformer(cfg)
-        return model, lambda src, tgt: model(src, tgt)
+
+        def loss_fn(src, tgt_in, tgt_out):
+            keep = tgt_out != PAD  # qkv scores only the positions the loss counts, as its trainer does
+            return loss_of(model(src, tgt_in, keep=keep), tgt_out[keep])
+
+        return model, loss_fn
     if impl == "marian":
         from transformers import MarianConfig, MarianMTModel
 
@@ -63,29 +74,32 @@ def build(impl: str):
         )
         model = MarianMTModel(cfg)
 
-        def forward(src, tgt):
-            return model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt).logits
+        def loss_fn(src, tgt_in, tgt_out):
+            logits = model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt_in).logits
+            return loss_of(logits, tgt_out)
 
-        return model, forward
+        return model, loss_fn
     raise ValueError(f"unknown implementation {impl!r}")
 
 
-def worker(impl: str, steps: int, warmup: int) -> dict:
+def worker(args) -> dict:
     import torch
-    import torch.nn.functional as F
+
+    impl, steps, warmup = args.worker, args.steps, args.warmup
 
     torch.manual_seed(0)
-    model, forward = build(impl)
+    model, loss_fn = build(impl)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    data = batches(steps + warmup)
+    data = batches(steps + warmup, args.min_len, args.max_len)
+    cells = sum(src.numel() + tgt_in.numel() for src, tgt_in, _ in data)
+    real = sum(int((src != PAD).sum()) + int((tgt_in != PAD).sum()) for src, tgt_in, _ in data)
     it = iter(data)
     tokens = [int((tgt_out != PAD).sum()) for _, _, tgt_out in data[warmup:]]
 
     def step():
         src, tgt_in, tgt_out = next(it)
-        logits = forward(src, tgt_in)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=0.1)
+        loss = loss_fn(src, tgt_in, tgt_out)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -94,30 +108,26 @@ def worker(impl: str, steps: int, warmup: int) -> dict:
     times = time_steps(step, steps, warmup)
     per_step = [n / t for n, t in zip(tokens, times)]
     return {
-        "impl": impl, "tokens_per_s": statistics.median(per_step), "peak_rss_mb": peak_rss_mb(),
+        "impl": impl, "tokens_per_s": statistics.median(per_step), "padding_fraction": 1 - real / cells,
+        "peak_rss_mb": peak_rss_mb(),
         "training_rss_mb": peak_rss_mb() - rss_before, "params": sum(p.numel() for p in model.parameters()),
     }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--impls", default="qkv,marian")
-    ap.add_argument("--out", default="bench/results/train_mt.json")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.warmup)))
-        return
-    impls = args.impls.split(",")
+    def lengths(ap):
+        ap.add_argument("--min-len", type=int, default=8, help="shortest sentence, in tokens")
+        ap.add_argument("--max-len", type=int, default=32, help="longest (equal to --min-len: no padding at all)")
+
+    args = training_bench_args(__doc__, "qkv,marian", "bench/results/train_mt.json", 12, worker, lengths)
     peak = matmul_peak_gflops()
-    runs = run_alternating(__file__, impls, args.repeats, ["--steps", str(args.steps), "--warmup", str(args.warmup)])
+    runs = run_alternating(__file__, args.impls, args.repeats, args.worker_args)
     summary = {impl: {"tokens_per_s_median": median_of(rs, "tokens_per_s"),
                       "peak_rss_mb_median": median_of(rs, "peak_rss_mb"), "params": rs[0]["params"]}
                for impl, rs in runs.items()}
     result = {"benchmark": "encoder-decoder training, d_model 256, 3+3 layers, 4 heads, d_ff 1024, vocab 8k, 64 pairs",
+              "sentence_lengths": [args.min_len, args.max_len],
+              "padding_fraction": runs[args.impls[0]][0]["padding_fraction"],
               "matmul_peak_gflops": peak, "summary": summary}
     if "qkv" in summary and "marian" in summary:
         result["ratio_tokens_per_s_qkv_over_marian"] = (

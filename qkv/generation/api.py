@@ -106,12 +106,14 @@ class Translator:
         run_dir = Path(run_dir)
         data = load_run_config(run_dir)
         weights_path = Path(weights) if weights is not None else find_weights(run_dir)
-        missing = [name for name, ok in ((TOKENIZER_FILE, (run_dir / TOKENIZER_FILE).is_file()),
-                                          (str(weights_path or WEIGHTS_FILE), weights_path is not None and weights_path.is_file()))
-                   if not ok]
+        missing = []
+        if not (run_dir / TOKENIZER_FILE).is_file():
+            missing.append(TOKENIZER_FILE)
+        if weights_path is None or not weights_path.is_file():
+            missing.append(str(weights) if weights is not None else f"{WEIGHTS_FILE} (nor best/last.safetensors)")
         if missing:
-            raise FileNotFoundError(f"{run_dir}: missing {', '.join(missing)}; a translation run holds {CONFIG_FILE}, "
-                                    f"{TOKENIZER_FILE} and {WEIGHTS_FILE} (or best/last checkpoints)")
+            raise FileNotFoundError(f"{run_dir}: missing {' and '.join(missing)}; a translation run holds "
+                                    f"{CONFIG_FILE}, {TOKENIZER_FILE} and {WEIGHTS_FILE}")
         try:
             cfg = from_dict(ModelConfig, data["model"], where=f"{run_dir / CONFIG_FILE}: model")
         except ConfigError as e:

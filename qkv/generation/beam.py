@@ -12,8 +12,12 @@ another's past. A sentence leaves the batch as soon as it is done, so the rest d
 The length penalty is GNMT's (Wu et al., 2016), which the paper's alpha refers to:
 ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` and a finished hypothesis scores ``log P(Y | X) / lp(Y)``, with
 ``|Y|`` counting the ``<eos>``. A hypothesis is finished when it emits ``<eos>`` among the ``beam_size``
-best candidates of a step; a sentence is done when it has ``beam_size`` finished hypotheses (as
-fairseq), or when it reaches its maximum length, where ``<eos>`` is the only token allowed.
+best candidates of a step. A sentence is done when it has ``n_best`` finished hypotheses and the best
+one still growing could not beat them if it ended now (its log-probability over the same length
+penalty; Hugging Face's rule), or when it reaches its maximum length, where ``<eos>`` is the only
+token allowed. Stopping as soon as ``beam_size`` hypotheses have finished (fairseq's rule) is faster
+but wrong for confident models: unlikely hypotheses end early, fill the quota, and the sentence stops
+while the best hypothesis is still growing.
 """
 
 from __future__ import annotations
@@ -65,6 +69,13 @@ def max_new_tokens(src: Tensor, pad_id: int, model_max_len: int, extra: int = 50
     else:
         lengths = (src != pad_id).sum(dim=1) + extra
     return lengths.clamp(min=0, max=model_max_len - 1)
+
+
+def _kth_best(hyps: list[Hypothesis], k: int) -> float:
+    """The k-th best score among ``hyps``; -inf if there are fewer than k."""
+    if len(hyps) < k:
+        return float("-inf")
+    return sorted((h.score for h in hyps), reverse=True)[k - 1]
 
 
 def _only_eos(logits: Tensor, rows: Tensor, eos_id: int) -> Tensor:
@@ -200,11 +211,15 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
                     row = i * k + int(from_beam[i, j])
                     logprob = float(top_scores[i, j])
                     finished[int(sentences[i])].append(Hypothesis(tokens[row, 1:].tolist(), logprob / lp, logprob))
-            done = at_limit | torch.tensor([len(finished[int(s)]) >= k for s in sentences.tolist()], device=device)
-            if bool(done.all()):
-                break
             # The k best candidates that do not end continue.
             alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=-1)  # (N, K)
+            # Done: n_best have finished and none of them would lose to the best growing hypothesis,
+            # were it to end now (with beam 1 this is exactly when greedy search stops).
+            lp = length_penalty(t + 1, alpha)
+            kth_finished = torch.tensor([_kth_best(finished[s], n_best) for s in sentences.tolist()], device=device)
+            done = at_limit | (torch.isfinite(kth_finished) & (kth_finished >= alive_scores[:, 0] / lp))
+            if bool(done.all()):
+                break
             beams = from_beam.gather(1, pick)  # (N, K)
             next_tokens = top_tokens.gather(1, pick)  # (N, K)
             keep = (~done).nonzero().squeeze(1)  # (N',)

@@ -11,6 +11,7 @@ from qkv.config import ModelConfig
 from qkv.modules.kv_cache import CachedDecoding, cache_length
 from qkv.modules.layers import DecoderLayer, EncoderLayer
 from qkv.modules.masks import padding_mask
+from qkv.modules.packing import Packing, packing_for
 from qkv.modules.positional import build_positional
 
 
@@ -73,38 +74,78 @@ class Transformer(CachedDecoding, nn.Module):
             src_mask: (B, 1, 1, S) bool; default: the non-padding positions of ``src``.
 
         Returns:
-            memory: (B, S, D).
+            memory: (B, S, D) (zeros at padding positions).
         """
         if src_mask is None:
             src_mask = padding_mask(src, self.cfg.pad_id)
-        x = self.embed(src)
+        packing = packing_for(src, self.cfg.pad_id)
+        memory = self._encode(src, src_mask, packing)
+        return packing.unpack(memory) if packing is not None else memory
+
+    def _encode(self, src: Tensor, src_mask: Tensor, packing: Packing | None) -> Tensor:
+        """The encoder on the real tokens only when ``packing`` is given: (N_s, D), else (B, S, D)."""
+        x = self.embed(src)  # (B, S, D)
+        if packing is not None:
+            x = packing.pack(x)  # (N_s, D)
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, packing)
         return self.encoder_norm(x)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor | None,
-               tgt_mask: Tensor | None = None) -> Tensor:
+               tgt_mask: Tensor | None = None, keep: Tensor | None = None,
+               memory_packing: Packing | None = None) -> Tensor:
         """Run the decoder stack and the output projection.
 
         Args:
             tgt: (B, T) target ids (shifted right behind <bos>); with a cache, only the new positions.
-            memory: (B, S, D) encoder output (may be None once a cache holds the cross-attention K/V).
+            memory: (B, S, D) encoder output (may be None once a cache holds the cross-attention K/V),
+                or (N_s, D) packed by ``memory_packing``.
             src_mask: (B, 1, 1, S) source padding mask.
             tgt_mask: optional (B, 1, 1, L) key padding mask for decoder self-attention. Causality is
                 always applied; right padding needs no mask (real tokens never look right).
+            keep: optional (B, T) bool: score only these positions (the ones the loss counts). The
+                projection onto the vocabulary is the largest matrix multiply of a small model; padding
+                positions need none of it.
 
         Returns:
-            logits: (B, T, V).
+            logits: (B, T, V), or (N, V) for the N positions of ``keep``.
         """
-        x = self.embed(tgt, offset=cache_length(self))
+        decoding = self.decoder_layers[0].self_attn.cache is not None
+        # Teacher forcing packs the real target tokens; a cached decoding step feeds every row.
+        packing = None if decoding else packing_for(tgt, self.cfg.pad_id)
+        x = self.embed(tgt, offset=cache_length(self))  # (B, T, D)
+        if packing is not None:
+            x = packing.pack(x)  # (N, D)
         for layer in self.decoder_layers:
-            x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask)
-        return self.generator(self.decoder_norm(x))
+            x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, packing=packing,
+                      memory_packing=memory_packing)
+        x = self.decoder_norm(x)
+        if packing is not None:
+            if keep is not None and torch.equal(keep, packing.keep):
+                return self.generator(x)  # already exactly the kept positions, in order
+            x = packing.unpack(x)  # (B, T, D)
+        if keep is not None:
+            x = x[keep]  # (N, D)
+        return self.generator(x)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher forcing: (B, S) source, (B, T) shifted target -> (B, T, V) logits, all positions at once."""
+    def forward(self, src: Tensor, tgt: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Teacher forcing: all target positions in one pass.
+
+        Padding costs nothing in the position-wise layers: they run on the real tokens only
+        (qkv.modules.packing).
+
+        Args:
+            src: (B, S) source ids; tgt: (B, T) target ids shifted right behind <bos>.
+            keep: optional (B, T) bool, the positions to score (e.g. ``targets != pad_id``).
+
+        Returns:
+            (B, T, V) logits, or (N, V) for the positions of ``keep``. Logits at padding positions of
+            ``tgt`` are meaningless.
+        """
         src_mask = padding_mask(src, self.cfg.pad_id)
-        return self.decode(tgt, self.encode(src, src_mask), src_mask)
+        src_packing = packing_for(src, self.cfg.pad_id)
+        memory = self._encode(src, src_mask, src_packing)
+        return self.decode(tgt, memory, src_mask, keep=keep, memory_packing=src_packing)
 
     # ------------------------------------------------------------------------------------------
     # KV cache for decoding: decoder self-attention appends one position per step; cross-attention

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from qkv.modules.kv_cache import KVCache, StaticKV
 from qkv.modules.masks import causal_mask, check_mask, combine
+from qkv.modules.packing import Packing
 from qkv.modules.positional import RotaryEmbedding
 
 # While set (by qkv.interpret.capture), every MultiHeadAttention computes its weights explicitly and
@@ -54,6 +55,9 @@ def scaled_dot_product_attention(
     t, l = q.shape[-2], k.shape[-2]
     if mask is not None:
         check_mask(mask, q.shape[0], t, l)
+    if is_causal and t == 1:
+        # One query at the last position (a cached decoding step) may see every key: no mask at all.
+        is_causal = False
     if is_causal and (mask is not None or t != l or need_weights):
         # SDPA's own is_causal aligns the first query with the first key, which is wrong once a
         # cache holds earlier positions; build the mask with the right offset instead.
@@ -110,6 +114,8 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         positions: Tensor | None = None,
         need_weights: bool = False,
+        packing: Packing | None = None,
+        memory_packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself, or to ``memory`` for cross-attention.
 
@@ -120,18 +126,26 @@ class MultiHeadAttention(nn.Module):
             is_causal: forbid attending to later positions.
             positions: (B, T) absolute positions for RoPE (default: after the cached ones).
             need_weights: also return the weights (B, H, T, L).
+            packing: ``x`` holds only the N real tokens, (N, D), laid out by this Packing
+                (qkv.modules.packing); the output is packed the same way.
+            memory_packing: the same for ``memory``, (N_s, D).
 
         Returns:
-            (output (B, T, D), weights or None).
+            (output (B, T, D) or (N, D) when packed, weights or None).
         """
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"MultiHeadAttention: expected input (B, T, {self.d_model}), got {tuple(x.shape)}")
-        b, t, d = x.shape
+        d = self.d_model
+        if x.shape[-1] != d or x.dim() != (2 if packing is not None else 3):
+            expected = "(N, D)" if packing is not None else "(B, T, D)"
+            raise ValueError(f"MultiHeadAttention: expected input {expected} with D={d}, got {tuple(x.shape)}")
+        b, t = (packing.batch, packing.length) if packing is not None else x.shape[:2]
         w, bias = self.in_proj.weight, self.in_proj.bias
         cache = self.cache
         cross = memory is not None or isinstance(cache, StaticKV)
         if not cross:
-            q, k, v = self.in_proj(x).split(d, dim=-1)  # 3 x (B, T, D)
+            qkv = self.in_proj(x)  # (B, T, 3D), or (N, 3D) packed
+            if packing is not None:
+                qkv = packing.unpack(qkv)  # (B, T, 3D): attention needs the positions laid out
+            q, k, v = qkv.split(d, dim=-1)  # 3 x (B, T, D)
             q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (B, H, T, Dh)
             offset = cache.length if isinstance(cache, KVCache) else 0
             if self.rope is not None:
@@ -140,15 +154,19 @@ class MultiHeadAttention(nn.Module):
             if isinstance(cache, KVCache):
                 k, v = cache.update(k, v)  # (B, H, offset + T, Dh)
         else:
-            q = self._split_heads(F.linear(x, w[:d], None if bias is None else bias[:d]))  # (B, H, T, Dh)
+            q = F.linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
+            q = self._split_heads(packing.unpack(q) if packing is not None else q)  # (B, H, T, Dh)
             if isinstance(cache, StaticKV) and cache.filled:
                 k, v = cache.k, cache.v  # computed once per source, reused at every step
             else:
-                if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != d:
+                packed_memory = memory_packing is not None and memory.dim() == 2
+                if not packed_memory and (memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != d):
                     raise ValueError(
                         f"cross-attention: memory must be (B={b}, S, D={d}), got {tuple(memory.shape)}"
                     )
-                kv = F.linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D)
+                kv = F.linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
+                if packed_memory:
+                    kv = memory_packing.unpack(kv)  # (B, S, 2D)
                 k, v = (self._split_heads(z) for z in kv.split(d, dim=-1))  # (B, H, S, Dh) each
                 if isinstance(cache, StaticKV):
                     cache.set(k, v)
@@ -161,4 +179,6 @@ class MultiHeadAttention(nn.Module):
         if observer is not None:
             observer(self, weights)
         out = out.transpose(1, 2).reshape(b, t, d)  # (B, T, H * Dh): the heads concatenated
+        if packing is not None:
+            out = packing.pack(out)  # (N, D)
         return self.out_proj(out), (weights if need_weights else None)

@@ -67,8 +67,17 @@ class KVCache(nn.Module):
         Beam search must reorder the cache along with the sequences, or a hypothesis would continue
         from another's past.
         """
-        self.k = self.k.index_select(0, indices)
-        self.v = self.v.index_select(0, indices)
+        m, n = indices.shape[0], self.length
+        if m > self.k.shape[0]:  # more rows than allocated: a new buffer
+            self.k = self.k.index_select(0, indices)
+            self.v = self.v.index_select(0, indices)
+            return
+        # Only the filled positions are moved, into the first m rows of the same buffers: copying the
+        # whole preallocated length every step cost beam search most of its time.
+        k, v = self.k[:, :, :n].index_select(0, indices), self.v[:, :, :n].index_select(0, indices)
+        self.k, self.v = self.k[:m], self.v[:m]
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
 
 
 class StaticKV(nn.Module):

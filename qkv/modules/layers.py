@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.modules.attention import MultiHeadAttention
 from qkv.modules.feed_forward import FeedForward
+from qkv.modules.packing import Packing
 from qkv.modules.positional import RotaryEmbedding
 
 
@@ -47,9 +48,9 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.ff_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x: (B, S, D); mask: source padding, (B, 1, 1, S). Returns (B, S, D)."""
-        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, mask=mask)[0])
+    def forward(self, x: Tensor, mask: Tensor | None = None, packing: Packing | None = None) -> Tensor:
+        """x: (B, S, D), or (N, D) with ``packing``; mask: source padding, (B, 1, 1, S). Returns x's shape."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, mask=mask, packing=packing)[0])
         return self.ff_sublayer(x, self.feed_forward)
 
 
@@ -81,14 +82,18 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        packing: Packing | None = None,
+        memory_packing: Packing | None = None,
     ) -> Tensor:
-        """x: (B, T, D); memory: (B, S, D); self_mask: key padding (B, 1, 1, L) or None (causality is
-        always applied); memory_mask: source padding (B, 1, 1, S). Returns (B, T, D)."""
+        """x: (B, T, D), or (N, D) with ``packing``; memory: (B, S, D), or (N_s, D) with
+        ``memory_packing``; self_mask: key padding (B, 1, 1, L) or None (causality is always applied);
+        memory_mask: source padding (B, 1, 1, S). Returns x's shape."""
         x = self.self_attn_sublayer(
-            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions)[0]
+            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions, packing=packing)[0]
         )
         if self.cross_attn is not None:
             if memory is None and not (self.cross_attn.cache is not None and self.cross_attn.cache.filled):
                 raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
-            x = self.cross_attn_sublayer(x, lambda h: self.cross_attn(h, memory=memory, mask=memory_mask)[0])
+            x = self.cross_attn_sublayer(x, lambda h: self.cross_attn(
+                h, memory=memory, mask=memory_mask, packing=packing, memory_packing=memory_packing)[0])
         return self.ff_sublayer(x, self.feed_forward)

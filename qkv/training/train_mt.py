@@ -225,7 +225,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
                           f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")
     save_json(cfg, run_dir / "config.json")
     train_examples, dropped = filter_by_length(encode_pairs(tok, train_src, train_tgt), d.max_src_len, d.max_tgt_len)
-    valid_examples, _ = filter_by_length(encode_pairs(tok, valid_src, valid_tgt), 10**9, 10**9)
+    # Validation pairs are all kept, except those longer than the model's positions.
+    valid_examples, _ = filter_by_length(encode_pairs(tok, valid_src, valid_tgt), cfg.model.max_len - 1,
+                                         cfg.model.max_len - 1)
     stream = BatchStream(train_examples, d.max_tokens, tok.pad_id, tok.bos_id, tok.eos_id, seed=cfg.seed)
     # A fixed sample of validation sentences for BLEU during training (the same at every evaluation).
     sample = sorted(random.Random(cfg.seed).sample(range(len(valid_src)), min(cfg.eval_bleu_sentences, len(valid_src))))

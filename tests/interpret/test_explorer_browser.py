@@ -354,20 +354,29 @@ def test_figure6_with_a_model(watched, server, artifacts):
     server.default_text = "小明累了"
     try:
         page = open_page(watched)
-        expect(page.get_by_test_id("fig6-heatmap").locator("rect")).to_have_count(16)  # default text: 4 x 4
+        heat = page.get_by_test_id("fig6-heatmap").locator("rect")
+        expect(heat).to_have_count(16)  # default text: 4 x 4
         page.locator("#fig6-text").fill("他想睡觉了")
         page.locator("#fig6-run").click()
-        expect(page.get_by_test_id("fig6-heatmap").locator("rect")).to_have_count(25)
+        expect(heat).to_have_count(25)
+        # Maps without kind/layer are grouped by their names ("cross · layer 1").
+        assert page.locator("#fig6-kinds button").all_text_contents() == ["decoder self", "cross"]
         page.locator("#fig6-head").select_option("mean")
-        page.locator("#fig6-map").select_option("1")
-        assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 10  # cross: 2 x 5
-        page.get_by_test_id("fig6-heatmap").locator("rect").first.hover()
+        page.locator("#fig6-kinds [data-kind=cross]").click()
+        assert heat.count() == 10  # cross: 2 x 5
+        assert page.get_by_test_id("fig6-detail-title").text_content() == "cross · layer 1 · mean of heads"
+        heat.first.hover()
         assert page.get_by_test_id("fig6-info").text_content() == "他 → 他: 20.0%"
         page.locator("#fig6").screenshot(path=str(artifacts / "fig6-model.png"))
         page.locator("#fig6-text").fill("好" * 120)  # long text: drawn on one canvas
         page.locator("#fig6-run").click()
+        # A new text keeps the chosen kind, layer and head.
+        expect(page.get_by_test_id("fig6-detail-title")).to_have_text("cross · layer 1 · mean of heads")
+        page.locator("#fig6-kinds [data-kind=decoder_self]").click()
         expect(page.get_by_test_id("fig6-heatmap").locator("canvas")).to_have_count(1)
-        assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 0
+        assert heat.count() == 0
+        # The head view stays light: at most its line budget, and it says what it left out.
+        assert page.locator("[data-testid=fig6-headview] line").count() <= 12000
         page.locator("#fig6-text").fill("value-error")
         page.locator("#fig6-run").click()
         expect(page.get_by_test_id("fig6-error")).to_contain_text("could not read")
@@ -376,6 +385,186 @@ def test_figure6_with_a_model(watched, server, artifacts):
     finally:
         server.attention_provider = None
         server.default_text = ""
+
+
+# ---------------------------------------------------------------- figure 6 on a real model
+
+REAL_TEXT = "小明累了，他想睡觉。"
+
+
+@pytest.fixture(scope="module")
+def real_payload(mt_run):
+    """The tiny model's provider and what it returned for each text it was asked (as computed in Python)."""
+    from qkv.interpret.model_maps import make_attention_provider
+
+    provide = make_attention_provider(mt_run)
+    served: dict[str, dict] = {}
+
+    def recording(text: str) -> dict:
+        served[text] = provide(text)
+        return served[text]
+
+    return recording, served
+
+
+def find_map(payload, kind, layer):
+    (m,) = [m for m in payload["maps"] if m["kind"] == kind and m["layer"] == layer]
+    return m
+
+
+def head_view_lines(page) -> list[tuple[int, int, int, float]]:
+    rows = page.eval_on_selector_all(
+        "[data-testid=fig6-headview] line.att",
+        "els => els.map(e => [e.dataset.head, e.dataset.q, e.dataset.k, e.getAttribute('stroke-opacity')])",
+    )
+    return [(int(h), int(q), int(k), float(w)) for h, q, k, w in rows]
+
+
+def assert_lines_match(page, m, heads=None):
+    """Every drawn line's opacity is its weight; every nonzero weight of the shown heads is drawn."""
+    w = m["weights"].numpy()
+    heads = range(w.shape[0]) if heads is None else heads
+    lines = head_view_lines(page)
+    assert len(lines) == sum(int((w[h] > 0).sum()) for h in heads)
+    assert {h for h, *_ in lines} == set(heads)
+    err = max(abs(op - float(w[h, q, k])) for h, q, k, op in lines)
+    assert err <= 1e-6, err
+
+
+def test_figure6_head_and_model_view_of_a_real_model(watched, server, real_payload, artifacts):
+    from playwright.sync_api import expect
+
+    provider, served = real_payload
+    server.attention_provider = provider
+    try:
+        page = open_page(watched)
+        page.locator("#fig6-text").fill(REAL_TEXT)
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-outbox")).to_be_visible(timeout=30_000)
+        payload = served[REAL_TEXT]
+        assert payload["output"]  # an untrained model babbles, but it does say something
+        expect(page.get_by_test_id("fig6-output-text")).to_have_text(payload["output"])
+        assert "translation" in page.get_by_test_id("fig6-outbox").text_content()
+
+        # Head view: encoder self, layer 0 first; opacities are the model's weights.
+        kinds = page.locator("#fig6-kinds button")
+        assert kinds.all_text_contents() == ["encoder self", "decoder self", "cross"]
+        assert_lines_match(page, find_map(payload, "encoder_self", 0))
+        page.locator("#fig6-kinds [data-kind=cross]").click()
+        page.locator("#fig6-layer").select_option("1")
+        cross1 = find_map(payload, "cross", 1)
+        assert_lines_match(page, cross1)
+        colours = page.eval_on_selector_all(
+            "[data-testid=fig6-headview] g[data-head]", "gs => gs.map(g => g.getAttribute('stroke'))"
+        )
+        assert len(set(colours)) == 2  # one colour per head
+
+        # Hovering a query token leaves only its lines highlighted; the rest are dimmed.
+        page.get_by_test_id("fig6-hv-panel").scroll_into_view_if_needed()
+        page.get_by_test_id("fig6-hv-q").nth(2).hover()
+        svg = page.get_by_test_id("fig6-headview")
+        assert "focus" in svg.get_attribute("class")
+        on = page.eval_on_selector_all("[data-testid=fig6-headview] line.att.on", "els => els.map(e => e.dataset.q)")
+        assert on and set(on) == {"2"} and len(on) == 2 * len(cross1["key_tokens"])
+        opacity = page.eval_on_selector_all(
+            "[data-testid=fig6-headview] line.att",
+            "els => els.map(e => [e.classList.contains('on'), Number(getComputedStyle(e).opacity)])",
+        )
+        assert all(o == 1 for is_on, o in opacity if is_on) and all(o < 0.1 for is_on, o in opacity if not is_on)
+        best = int(cross1["weights"][0, 2].argmax())
+        assert f"head 0 → {cross1['key_tokens'][best]}" in page.get_by_test_id("fig6-hv-info").text_content()
+        page.get_by_test_id("fig6-hv-panel").screenshot(path=str(artifacts / "fig6-headview-hover.png"))
+        assert page.locator("[data-testid=fig6-headview] line.att.on").count() == len(on)  # still hovered
+        # ... and a key token: only the lines into it.
+        page.get_by_test_id("fig6-hv-k").nth(1).hover()
+        on = page.eval_on_selector_all("[data-testid=fig6-headview] line.att.on", "els => els.map(e => e.dataset.k)")
+        assert set(on) == {"1"} and len(on) == 2 * len(cross1["query_tokens"])
+        page.mouse.move(1, 1)
+        assert page.locator("[data-testid=fig6-headview] line.att.on").count() == 0
+
+        # Head chips: head 1 off leaves head 0's lines only.
+        page.locator("#fig6-heads [data-head='1']").click()
+        assert_lines_match(page, cross1, heads=[0])
+        page.locator("#fig6-heads .chip-all").click()
+        assert_lines_match(page, cross1)
+
+        # Model view: n_layers x n_heads maps of this kind; hover names one, click opens it.
+        cells = page.get_by_test_id("fig6-cell")
+        assert cells.count() == 2 * 2
+        assert page.get_by_test_id("fig6-modelview").get_attribute("data-kind") == "cross"
+        cell = page.locator("[data-testid=fig6-cell][data-layer='0'][data-head='1']")
+        page.get_by_test_id("fig6-modelview").scroll_into_view_if_needed()
+        cell.hover()
+        tip = page.get_by_test_id("fig6-tooltip")
+        expect(tip).to_be_visible()
+        assert "layer 0 · head 1" in tip.text_content() and "cross" in tip.text_content()
+        page.locator("#fig6 .fig6-mv").screenshot(path=str(artifacts / "fig6-tooltip.png"))
+        expect(tip).to_be_visible()  # the screenshot did not scroll the hovered cell away
+        cell.click()
+        assert page.get_by_test_id("fig6-detail-title").text_content() == "cross · layer 0 · head 1"
+        assert "sel" in cell.get_attribute("class")
+        assert page.locator("#fig6-layer").input_value() == "0" and page.locator("#fig6-head").input_value() == "1"
+        cross0 = find_map(payload, "cross", 0)
+        rects = page.eval_on_selector_all(
+            "[data-testid=fig6-heatmap] rect", "els => els.map(e => [e.dataset.r, e.dataset.l, e.dataset.weight])"
+        )
+        w = cross0["weights"][1].numpy()
+        assert len(rects) == w.size
+        assert max(abs(float(x) - w[int(r), int(l)]) for r, l, x in rects) <= 1e-6
+        assert_lines_match(page, cross0)  # the head view followed to layer 0
+
+        page.locator("#fig6-kinds [data-kind=decoder_self]").click()
+        assert cells.count() == 4
+        assert_lines_match(page, find_map(payload, "decoder_self", 0))  # causal zeros draw no line
+        page.locator("#fig6").screenshot(path=str(artifacts / "fig6-real.png"))
+
+        page.set_viewport_size({"width": 420, "height": 900})
+        page.locator("#fig6").screenshot(path=str(artifacts / "fig6-narrow.png"))
+        assert page.evaluate("document.documentElement.scrollWidth") <= 420
+    finally:
+        server.attention_provider = None
+
+
+def test_figure6_of_a_gpt_shows_the_continuation_and_self_attention(watched, server, gpt_run, artifacts):
+    from playwright.sync_api import expect
+
+    from qkv.interpret.model_maps import make_attention_provider
+
+    provide = make_attention_provider(gpt_run, max_new_tokens=6)
+    served = {}
+    server.attention_provider = lambda text: served.setdefault(text, provide(text))
+    try:
+        page = open_page(watched)
+        page.locator("#fig6-text").fill("Xiaoming is tired")
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-outbox")).to_contain_text("continuation", timeout=30_000)
+        payload = served["Xiaoming is tired"]
+        expect(page.get_by_test_id("fig6-output-text")).to_have_text(payload["output"])
+        assert page.locator("#fig6-kinds button").all_text_contents() == ["self"]
+        assert page.get_by_test_id("fig6-cell").count() == 3 * 3
+        assert page.locator("#fig6-heads .chip").count() == 3
+        page.locator("#fig6-layer").select_option("2")
+        assert_lines_match(page, find_map(payload, "self", 2))
+        page.locator("#fig6").screenshot(path=str(artifacts / "fig6-gpt.png"))
+    finally:
+        server.attention_provider = None
+
+
+def test_figure6_exported_real_model_works_from_file_url(watched, real_payload, tmp_path, artifacts):
+    provider, served = real_payload
+    payload = served.get(REAL_TEXT) or provider(REAL_TEXT)
+    out = export_page(tmp_path / "model.html", payload)
+    page = open_page(watched, out.as_uri())
+    box = page.get_by_test_id("fig6-outbox").text_content()
+    assert REAL_TEXT in box and payload["output"] in box
+    assert_lines_match(page, find_map(payload, "encoder_self", 0))
+    assert page.get_by_test_id("fig6-cell").count() == 4
+    page.locator("#fig6-kinds [data-kind=cross]").click()
+    page.locator("[data-testid=fig6-cell][data-layer='1'][data-head='0']").click()
+    assert page.get_by_test_id("fig6-detail-title").text_content() == "cross · layer 1 · head 0"
+    assert_lines_match(page, find_map(payload, "cross", 1))
+    assert all(u.startswith("file://") for u in watched.requests)
+    page.locator("#fig6").screenshot(path=str(artifacts / "fig6-exported-model.png"))
 
 
 # ---------------------------------------------------------------- export and screenshots

@@ -83,3 +83,17 @@ def test_port_in_use_is_a_clear_error(capsys):
         assert commands.run(parse("--port", str(port))) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
+
+
+def test_export_a_real_run_embeds_output_kinds_and_layers(mt_run, tmp_path, capsys):
+    import json
+    import re
+
+    out = tmp_path / "p.html"
+    assert commands.run(parse("--run", str(mt_run), "--export", str(out), "--text", "他想睡觉")) == 0
+    html = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'id="qkv-model-data">(.*?)</script>', html, flags=re.S).group(1))
+    assert data["text"] == "他想睡觉" and isinstance(data["output"], str)
+    assert [(m["kind"], m["layer"]) for m in data["maps"]] == [
+        (k, layer) for k in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
+    ]

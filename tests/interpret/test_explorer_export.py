@@ -71,7 +71,8 @@ def test_normalize_accepts_numpy_torch_and_lists_and_rounds():
     json.dumps(data, allow_nan=False)
     w = data["maps"][0]["weights"]
     assert isinstance(w, list) and w[0][1] == [0.5, 0.5, 0.0]
-    assert w[0][2] == [round(1 / 3, 5)] * 3
+    # 7 decimals: what a float32 weight holds, so the page can draw the model's own numbers.
+    assert w[0][2] == [0.3333333] * 3
     # A fully masked row (all zeros) is allowed: masks give zeros, never NaN.
     zero = {"maps": [{"name": "m", "query_tokens": ["a"], "key_tokens": ["b"], "weights": [[[0.0]]]}]}
     assert normalize_attention_data(zero)["maps"][0]["weights"] == [[[0.0]]]
@@ -83,6 +84,13 @@ def test_normalize_accepts_numpy_torch_and_lists_and_rounds():
         (lambda d: d.update(maps=[]), "non-empty"),
         (lambda d: d.update(extra=1), "unknown key"),
         (lambda d: d.update(text=3), "text must be a string"),
+        (lambda d: d.update(output=["a"]), "output must be a string"),
+        (lambda d: d.update(output="x" * 20_001), "output has 20001 characters; the limit is 20000"),
+        (lambda d: d["maps"][0].update(kind="decoder"), r"maps\[0\]\.kind is 'decoder'; expected one of encoder_self"),
+        (lambda d: d["maps"][0].update(layer=-1), r"maps\[0\]\.layer must be an integer"),
+        (lambda d: d["maps"][0].update(layer=True), r"maps\[0\]\.layer must be an integer"),
+        (lambda d: d["maps"][0].update(layer="1"), r"maps\[0\]\.layer must be an integer"),
+        (lambda d: d["maps"][0].update(layer=1.5), r"maps\[0\]\.layer must be an integer"),
         (lambda d: d["maps"][0].pop("name"), r"maps\[0\] is missing \['name'\]"),
         (lambda d: d["maps"][0].update(query_tokens=[1, 2, 3]), "query_tokens must be a list of strings"),
         (lambda d: d["maps"][0].update(key_tokens=["a"]), r"weights\[0\]\[0\] must have 1 weights"),
@@ -97,6 +105,19 @@ def test_normalize_names_the_offending_key(mutate, message):
     mutate(data)
     with pytest.raises(AttentionDataError, match=message):
         normalize_attention_data(data)
+
+
+def test_normalize_keeps_output_kind_and_layer():
+    data = sample_data()
+    data["output"] = "Xiaoming is tired, he"
+    data["maps"][0].update(kind="encoder_self", layer=np.int64(1))  # numpy / 0-d tensor ints are fine
+    data["maps"].append({**data["maps"][0], "name": "other", "kind": None, "layer": torch.tensor(0)})
+    out = normalize_attention_data(data)
+    assert out["output"] == "Xiaoming is tired, he"
+    first, second = out["maps"]
+    assert first["kind"] == "encoder_self" and first["layer"] == 1 and type(first["layer"]) is int
+    assert "kind" not in second and second["layer"] == 0  # None means absent
+    assert json.loads(json.dumps(out)) == out
 
 
 def test_normalize_refuses_huge_payloads():

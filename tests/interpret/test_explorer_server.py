@@ -25,8 +25,9 @@ def fake_provider(text: str) -> dict:
         return {"maps": [{"name": "m", "query_tokens": toks, "key_tokens": toks, "weights": bad}]}
     causal = np.tril(np.ones((n, n)))
     causal /= causal.sum(axis=1, keepdims=True)
-    return {"maps": [{"name": "decoder self · layer 1", "query_tokens": toks, "key_tokens": toks,
-                      "weights": np.stack([causal, np.eye(n)])}]}  # (H=2, T, T)
+    return {"output": text[::-1], "maps": [{"name": "decoder self · layer 1", "kind": "decoder_self", "layer": 1,
+                                            "query_tokens": toks, "key_tokens": toks,
+                                            "weights": np.stack([causal, np.eye(n)])}]}  # (H=2, T, T)
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +160,9 @@ def test_attention_with_provider(server, provider):
     status, _, body = get(server, "/api/attention?text=" + urllib.parse.quote(text))
     assert status == 200
     data = json.loads(body)
-    assert data["text"] == text
+    assert data["text"] == text and data["output"] == text[::-1]
     (m,) = data["maps"]
+    assert (m["kind"], m["layer"]) == ("decoder_self", 1)
     assert m["query_tokens"] == list(text)
     w = np.array(m["weights"])
     assert w.shape == (2, len(text), len(text))

@@ -1,26 +1,7 @@
-import json
-
-import pytest
 import torch
 
 from qkv.cli import main
-from qkv.config import ModelConfig, to_dict
-
-
-@pytest.fixture
-def mt_run(tmp_path):
-    """A translation run directory with an untrained tiny model: config.json, tokenizer.json, weights."""
-    from qkv.models import Transformer
-    from qkv.tokenizers.bpe import BPETokenizer
-    from qkv.training.checkpoint import save_weights
-
-    tok = BPETokenizer.train(["小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep."] * 5, vocab_size=80)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=64)
-    torch.manual_seed(0)
-    tok.save(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model": to_dict(cfg)}))
-    save_weights(tmp_path / "model.safetensors", Transformer(cfg))
-    return tmp_path
+from qkv.interpret.explorer.payload import normalize_attention_data
 
 
 def test_translation_maps_cover_every_kind_and_layer(mt_run):
@@ -35,6 +16,12 @@ def test_translation_maps_cover_every_kind_and_layer(mt_run):
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
     cross = payload["maps"][4]
     assert cross["key_tokens"][-1] == "<eos>" and cross["query_tokens"][0] == "<bos>"
+    # What the explorer's server and export make of it: output, kind and layer kept, weights to 1e-7.
+    page = normalize_attention_data(payload)
+    assert page["output"] == payload["output"] and page["text"] == "小明累了，他想睡觉。"
+    for m, p in zip(payload["maps"], page["maps"]):
+        assert (p["kind"], p["layer"], p["name"]) == (m["kind"], m["layer"], m["name"])
+        assert (torch.tensor(p["weights"], dtype=torch.float64) - m["weights"].double()).abs().max() <= 5e-8
 
 
 def test_plot_attention_command_writes_pngs(mt_run, capsys):

@@ -84,7 +84,13 @@ def test_matches_torch_nn_transformer(norm):
         src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
     )
     ref_logits = ours.generator(ref_hidden)
-    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+    real = tgt != 0  # logits at padding positions are meaningless (qkv does not compute them)
+    torch.testing.assert_close(logits[real], ref_logits[real], atol=1e-5, rtol=0)
+    # The encoder alone: its padding positions come back as zeros.
+    memory = ours.encode(src)
+    ref_memory = ref.encoder(ours.embed(src), src_key_padding_mask=src_pad)
+    torch.testing.assert_close(memory[~src_pad], ref_memory[~src_pad], atol=1e-5, rtol=0)
+    assert bool((memory[src_pad] == 0).all())
 
 
 def test_padding_invariance():
@@ -97,6 +103,14 @@ def test_padding_invariance():
     # Batching with a longer sentence changes nothing either.
     batch = m(torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]), torch.tensor([[1, 8, 9, 0], [1, 8, 9, 10]]))
     torch.testing.assert_close(batch[:1, :3], alone, atol=1e-5, rtol=0)
+
+
+def test_scoring_only_kept_positions_equals_selecting_them():
+    m = Transformer(small_cfg()).eval()
+    src = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+    tgt = torch.tensor([[1, 8, 0], [1, 9, 10]])
+    keep = tgt != 0
+    torch.testing.assert_close(m(src, tgt, keep=keep), m(src, tgt)[keep], atol=1e-6, rtol=0)
 
 
 def test_decoder_is_causal():

@@ -90,7 +90,7 @@ def test_mask_errors_are_clear():
 
 def test_mha_input_shape_error():
     mha = MultiHeadAttention(16, 4)
-    with pytest.raises(ValueError, match=r"expected input \(B, T, 16\)"):
+    with pytest.raises(ValueError, match=r"expected input \(B, T, D\) with D=16"):
         mha(torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match="memory must be"):
         mha(torch.randn(2, 3, 16), memory=torch.randn(3, 4, 16))

@@ -83,8 +83,10 @@ def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
 def test_translator_loads_the_run(straight):
     run, _ = straight
     translator = Translator.from_run(run)
-    out = translator.translate(["小明饿了，他想吃饭。", "", "Привет 🙂 ☃"], beam=2)
-    assert len(out) == 3 and out[1] == ""
+    texts = ["小明饿了，他想吃饭。", "", "Привет 🙂 ☃", "小红很忙，她想回家。", "因为小刚饿了，所以他想喝水。"]
+    out = translator.translate(texts, beam=2)
+    assert len(out) == 5 and out[1] == ""
+    assert out == [translator.translate(t, beam=2) for t in texts]  # a batch = one by one
     assert isinstance(translator.translate("小红很忙。", beam=1), str)
 
 

@@ -5,10 +5,13 @@ output of an ``attention_provider``) and ``export_page(attention_data=...)``. Th
 
     {
       "text": "the input text",                 # optional
+      "output": "the translation",              # optional: translation or continuation
       "model_name": "runs/demo",                # optional
       "maps": [
         {
-          "name": "encoder self · layer 1",     # shown in a drop-down
+          "name": "encoder self · layer 1",     # a readable label
+          "kind": "encoder_self",               # optional: encoder_self, decoder_self, cross or self
+          "layer": 1,                           # optional: the layer's index (>= 0)
           "query_tokens": ["小明", ...],          # T strings (rows)
           "key_tokens": ["小明", ...],            # L strings (columns)
           "weights": [[[...L floats] x T] x H]  # (H, T, L), rows sum to 1 (or are all 0)
@@ -18,6 +21,7 @@ output of an ``attention_provider``) and ``export_page(attention_data=...)``. Th
     }
 
 ``weights`` may be a nested list, a numpy array or a torch tensor (anything with ``tolist()``).
+The page groups maps by ``kind`` and ``layer``; without them it reads both from ``name``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,14 @@ from typing import Any
 
 MAX_WEIGHTS = 2_000_000  # Floats in one payload: a page that draws more would freeze the browser.
 MAX_MAPS = 512
+MAX_LAYER = 10_000
+MAX_STRING_CHARS = 20_000  # text, output, model_name: far above any input the server accepts.
 ROW_SUM_TOL = 1e-3
-DECIMALS = 5  # Enough for a heat map; keeps the JSON small.
+# float32 weights carry ~7 significant digits: 7 decimals keep what the model computed (the page
+# draws line opacities equal to the weights) at ~10 characters a number.
+DECIMALS = 7
+KINDS = ("encoder_self", "decoder_self", "cross", "self")
+TEXT_KEYS = ("text", "output", "model_name")
 
 
 class AttentionDataError(ValueError):
@@ -64,16 +74,18 @@ def normalize_attention_data(data: Any) -> dict:
     """
     if not isinstance(data, dict):
         raise AttentionDataError(f"attention data must be a dict, got {type(data).__name__}")
-    unknown = set(data) - {"text", "model_name", "maps"}
+    unknown = set(data) - {*TEXT_KEYS, "maps"}
     if unknown:
         raise AttentionDataError(
-            f"unknown key(s) in attention data: {sorted(unknown)}; expected text, model_name, maps"
+            f"unknown key(s) in attention data: {sorted(unknown)}; expected {', '.join(TEXT_KEYS)}, maps"
         )
     out: dict = {}
-    for key in ("text", "model_name"):
+    for key in TEXT_KEYS:
         if key in data and data[key] is not None:
             if not isinstance(data[key], str):
                 raise AttentionDataError(f"{key} must be a string")
+            if len(data[key]) > MAX_STRING_CHARS:
+                raise AttentionDataError(f"{key} has {len(data[key])} characters; the limit is {MAX_STRING_CHARS}")
             out[key] = data[key]
     maps = data.get("maps")
     if not isinstance(maps, (list, tuple)) or not maps:
@@ -91,6 +103,7 @@ def normalize_attention_data(data: Any) -> dict:
             raise AttentionDataError(f"{where} is missing {sorted(missing)}")
         if not isinstance(m["name"], str):
             raise AttentionDataError(f"{where}.name must be a string")
+        extra = _kind_and_layer(m, where)
         q_tok = _tokens(m["query_tokens"], f"{where}.query_tokens")
         k_tok = _tokens(m["key_tokens"], f"{where}.key_tokens")
         weights = _as_list(m["weights"])
@@ -125,6 +138,22 @@ def normalize_attention_data(data: Any) -> dict:
                 rows.append(clean)
             heads.append(rows)
         out["maps"].append(
-            {"name": m["name"], "query_tokens": q_tok, "key_tokens": k_tok, "weights": heads}
+            {"name": m["name"], **extra, "query_tokens": q_tok, "key_tokens": k_tok, "weights": heads}
         )
     return out
+
+
+def _kind_and_layer(m: dict, where: str) -> dict:
+    """The optional ``kind`` and ``layer`` of one map, checked (None counts as absent)."""
+    extra: dict = {}
+    kind = m.get("kind")
+    if kind is not None:
+        if kind not in KINDS:
+            raise AttentionDataError(f"{where}.kind is {kind!r}; expected one of {', '.join(KINDS)}")
+        extra["kind"] = kind
+    layer = _as_list(m.get("layer"))  # a 0-d tensor or numpy integer becomes a Python int
+    if layer is not None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= MAX_LAYER:
+            raise AttentionDataError(f"{where}.layer must be an integer in 0..{MAX_LAYER}, got {layer!r}")
+        extra["layer"] = layer
+    return extra

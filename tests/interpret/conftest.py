@@ -1,0 +1,50 @@
+"""Shared fixtures of the interpret tests: real (tiny, untrained) translation and GPT run directories."""
+
+import json
+
+import pytest
+import torch
+
+from qkv.config import ModelConfig, to_dict
+
+SENTENCES = ["小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep."]
+
+
+@pytest.fixture(scope="session")
+def mt_run(tmp_path_factory):
+    """A translation run directory with an untrained tiny model: config.json, tokenizer.json, weights.
+
+    2 layers x 2 heads, d_model 16: every kind of map (encoder self, decoder self, cross) exists,
+    and loading plus one translation take a second or two on a CPU. Session-scoped: build once.
+    """
+    from qkv.models import Transformer
+    from qkv.tokenizers.bpe import BPETokenizer
+    from qkv.training.checkpoint import save_weights
+
+    path = tmp_path_factory.mktemp("mt_run")
+    tok = BPETokenizer.train(SENTENCES * 5, vocab_size=80)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0,
+                      max_len=64)
+    torch.manual_seed(0)
+    tok.save(path)
+    (path / "config.json").write_text(json.dumps({"model": to_dict(cfg)}))
+    save_weights(path / "model.safetensors", Transformer(cfg))
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt_run(tmp_path_factory):
+    """A GPT run directory with an untrained tiny model: 3 layers x 3 heads (unlike ``mt_run``'s 2 x 2)."""
+    from qkv.models.gpt import GPT
+    from qkv.tokenizers.bpe import BPETokenizer
+    from qkv.training.checkpoint import save_weights
+
+    path = tmp_path_factory.mktemp("gpt_run")
+    tok = BPETokenizer.train(SENTENCES * 5, vocab_size=80)
+    cfg = ModelConfig(arch="gpt", vocab_size=tok.vocab_size, d_model=24, n_heads=3, d_ff=32, n_layers=3,
+                      dropout=0.0, max_len=64)
+    torch.manual_seed(0)
+    tok.save(path)
+    (path / "config.json").write_text(json.dumps({"model": to_dict(cfg), "train": {"context": 64}}))
+    save_weights(path / "model.safetensors", GPT(cfg))
+    return path

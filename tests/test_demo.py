@@ -1,0 +1,239 @@
+"""`qkv demo` and the translation commands end to end: train mt, resume, translate (stdin, files, bad input), eval mt."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import qkv.cli
+from qkv.config import load_yaml
+from qkv.demo import ATTENTION_PNG, DEMO_CONFIG, RESULTS_JSON, run_demo
+from qkv.mt_commands import line_groups
+from qkv.training.train_mt import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_YAML = """\
+# A few steps of a tiny model, for tests.
+#   qkv train mt --config tiny.yaml --run RUN
+model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 1, dropout: 0.1, max_len: 64}
+data: {corpus: demo, vocab_size: 150, max_tokens: 300, max_src_len: 40, max_tgt_len: 40,
+       demo_train: 300, demo_valid: 16, demo_test: 8}
+max_steps: 4
+warmup: 2
+peak_lr: 2.0e-3
+eval_every: 2
+eval_bleu_sentences: 4
+log_every: 1
+test_beam: 2
+"""
+
+TINY_OVERRIDES = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "data.vocab_size=150",
+                  "data.demo_train=300", "data.demo_valid=16", "data.demo_test=8", "max_steps=4", "eval_every=2",
+                  "eval_bleu_sentences=4", "warmup=2", "test_beam=2"]
+
+# Runs the commands the way `qkv` does once qkv.mt_commands is registered in qkv/cli.py.
+DRIVER = ("import sys, qkv.cli as c; m = 'qkv.mt_commands'; "
+          "c.COMMAND_MODULES += [m] if m not in c.COMMAND_MODULES else []; sys.exit(c.main(sys.argv[1:]))")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def qkv_main(monkeypatch):
+    """``qkv.cli.main`` with the translation commands registered."""
+    if "qkv.mt_commands" not in qkv.cli.COMMAND_MODULES:
+        monkeypatch.setattr(qkv.cli, "COMMAND_MODULES", [*qkv.cli.COMMAND_MODULES, "qkv.mt_commands"])
+    return qkv.cli.main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run of `qkv train mt` on a tiny config (4 steps)."""
+    root = tmp_path_factory.mktemp("cli")
+    config = root / "tiny.yaml"
+    config.write_text(TINY_YAML, encoding="utf-8")
+    run = root / "run"
+    mp = pytest.MonkeyPatch()
+    if "qkv.mt_commands" not in qkv.cli.COMMAND_MODULES:
+        mp.setattr(qkv.cli, "COMMAND_MODULES", [*qkv.cli.COMMAND_MODULES, "qkv.mt_commands"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert qkv.cli.main(["train", "mt", "--config", str(config), "--run", str(run)]) == 0
+    finally:
+        mp.undo()
+        torch.set_num_threads(threads)
+    return run
+
+
+def test_demo_config_matches_the_yaml():
+    assert load_yaml(ROOT / "configs" / "mt" / "demo.yaml", TrainConfig) == DEMO_CONFIG
+
+
+def test_train_mt_writes_a_usable_run(tiny_run):
+    summary = json.loads((tiny_run / "results.json").read_text())
+    assert summary["steps"] == 4
+    assert (tiny_run / "model.safetensors").is_file() and (tiny_run / "tokenizer.json").is_file()
+
+
+def test_resume_continues_from_the_last_checkpoint(tiny_run, qkv_main, capsys):
+    assert qkv_main(["train", "mt", "--run", str(tiny_run), "--resume", "max_steps=6"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 6
+    steps = [r["step"] for r in map(json.loads, (tiny_run / "metrics.jsonl").read_text().splitlines())
+             if r["split"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_train_mt_without_config_is_a_clear_error(qkv_main, capsys):
+    assert qkv_main(["train", "mt"]) == 2
+    assert "--config" in capsys.readouterr().err
+
+
+def test_train_mt_unknown_key_suggests(qkv_main, tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_YAML, encoding="utf-8")
+    assert qkv_main(["train", "mt", "--config", str(config), "--run", str(tmp_path / "r"), "max_step=3"]) == 2
+    assert "did you mean 'max_steps'" in capsys.readouterr().err
+
+
+def test_translate_files_keep_one_line_per_line(tiny_run, qkv_main, tmp_path):
+    src = tmp_path / "in.zh"
+    src.write_text("小明饿了，他想吃饭。\n\n   \n¿Qué? 🙂 ☃ Ж\n小红很忙。", encoding="utf-8")  # no final newline
+    out = tmp_path / "out.en"
+    assert qkv_main(["translate", "--run", str(tiny_run), "--input", str(src), "--output", str(out), "--beam", "2"]) == 0
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 6 and lines[-1] == ""  # 5 lines, each ended by a newline
+    assert lines[1] == "" and lines[2] == ""
+
+
+def test_translate_nbest(tiny_run, qkv_main, tmp_path, capsys):
+    src = tmp_path / "in.zh"
+    src.write_text("小明饿了，他想吃饭。\n", encoding="utf-8")
+    assert qkv_main(["translate", "--run", str(tiny_run), "--input", str(src), "--beam", "3", "--nbest", "2"]) == 0
+    fields = capsys.readouterr().out.rstrip("\n").split("\t")
+    assert len(fields) == 4 and float(fields[1]) >= float(fields[3])
+
+
+def test_translate_too_long_input(tiny_run, qkv_main, tmp_path, capsys):
+    src = tmp_path / "long.zh"
+    src.write_text("小明饿了。\n" + "小明饿了，他想吃饭。" * 40 + "\n", encoding="utf-8")
+    assert qkv_main(["translate", "--run", str(tiny_run), "--input", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "--truncate" in err and "at most 64" in err
+    out = tmp_path / "out.en"
+    assert qkv_main(["translate", "--run", str(tiny_run), "--input", str(src), "--output", str(out), "--truncate"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_translate_names_what_is_missing(tiny_run, qkv_main, tmp_path, capsys):
+    assert qkv_main(["translate", "--run", str(tmp_path / "nowhere")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_bytes((tiny_run / "config.json").read_bytes())
+    assert qkv_main(["translate", "--run", str(partial)]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.json" in err and "model.safetensors" in err
+
+
+def test_translate_rejects_mismatched_files(tiny_run, qkv_main, tmp_path, capsys):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("tokenizer.json", "model.safetensors"):
+        (mixed / name).write_bytes((tiny_run / name).read_bytes())
+    cfg = json.loads((tiny_run / "config.json").read_text())
+    cfg["model"]["d_model"] = 64
+    (mixed / "config.json").write_text(json.dumps(cfg))
+    assert qkv_main(["translate", "--run", str(mixed)]) == 2
+    assert "different runs" in capsys.readouterr().err
+
+
+def test_translate_stdin_pipe(tiny_run):
+    """Through a real pipe: empty lines stay empty, undecodable bytes and unknown characters never crash."""
+    data = "小明饿了，他想吃饭。\n\n".encode() + b"\xff\xfe broken\n" + "🙂\n".encode()
+    proc = subprocess.run([sys.executable, "-c", DRIVER, "translate", "--run", str(tiny_run), "--beam", "1"],
+                          input=data, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = proc.stdout.decode("utf-8").split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[-1] == ""
+
+
+def test_line_groups_read_what_has_arrived():
+    r, w = os.pipe()
+    os.write(w, "a\nb\n".encode())
+    with open(r, "rb") as reader:
+        groups = line_groups(reader, size=10)
+        assert next(groups) == ["a", "b"]  # both lines were there; nothing waits for more
+        os.write(w, "c\r\nd".encode())
+        os.close(w)
+        assert list(groups) == [["c"], ["d"]]
+
+
+def test_line_groups_respect_size():
+    import io
+
+    assert list(line_groups(io.StringIO("1\n2\n3\n"), size=2)) == [["1", "2"], ["3"]]
+
+
+def test_eval_mt_on_the_run_and_on_files(tiny_run, qkv_main, tmp_path, capsys):
+    assert qkv_main(["eval", "mt", "--run", str(tiny_run), "--split", "test", "--beam", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sentences"] == 8 and 0 <= result["bleu"] <= 100
+    ref = tmp_path / "ref.en"
+    ref.write_text("Xiaoming is tired.\nShe wants to sleep.\n", encoding="utf-8")
+    assert qkv_main(["eval", "mt", "--hyp", str(ref), "--ref", str(ref)]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU 100.00" in out and "chrF 100.00" in out
+    short = tmp_path / "short.en"
+    short.write_text("Xiaoming is tired.\n", encoding="utf-8")
+    assert qkv_main(["eval", "mt", "--hyp", str(short), "--ref", str(ref)]) == 2
+    assert "must be line-aligned" in capsys.readouterr().err
+
+
+def test_train_group_tolerates_a_second_registration():
+    import argparse
+
+    from qkv import mt_commands
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    group = mt_commands.command_group(sub, "train", "train")
+    group.add_parser("lm")
+    mt_commands.register(sub)
+    assert set(mt_commands.command_group(sub, "train", "train").choices) == {"lm", "mt"}
+
+
+def test_demo_smoke(tmp_path, capsys):
+    """The whole demo with a tiny budget: it runs, writes its files and says where they are."""
+    run = tmp_path / "demo"
+    assert run_demo(run, overrides=TINY_OVERRIDES, quiet=True) == 0
+    out = capsys.readouterr().out
+    assert "Test BLEU" in out and "小明累了，他想睡觉。" in out and "Try next" in out and str(run) in out
+    assert (run / ATTENTION_PNG).stat().st_size > 1000
+    results = json.loads((run / RESULTS_JSON).read_text(encoding="utf-8"))
+    assert results["seed_sentence"] == "小明累了，他想睡觉。" and len(results["examples"]) == 5
+    assert run_demo(run, overrides=TINY_OVERRIDES, quiet=True) == 0  # a second demo replaces the first
+
+
+@pytest.mark.slow
+def test_demo_reaches_its_targets(tmp_path):
+    """The real demo: the seed sentence exact and test BLEU >= 90, within the time budget."""
+    torch.set_num_threads(torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1)
+    run = tmp_path / "demo"
+    assert run_demo(run, quiet=True) == 0
+    results = json.loads((run / RESULTS_JSON).read_text(encoding="utf-8"))
+    assert results["seed_translation"] == "Xiaoming is tired, he wants to sleep."
+    assert results["test_bleu"] >= 90.0
+    assert results["wall_seconds"] < 300  # the budget is 180 s on an idle 2-core machine
