@@ -21,6 +21,10 @@ _EXPORTS = {
     "build_model": "qkv.models",
     "count_parameters": "qkv.models",
     "generate": "qkv.generation",
+    "beam_search": "qkv.generation.beam",
+    "Translator": "qkv.generation.api",
+    "Completer": "qkv.generation.completer",
+    "capture_attention": "qkv.interpret.capture",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -41,4 +45,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from qkv.config import ModelConfig, preset
     from qkv.generation import generate
+    from qkv.generation.api import Translator
+    from qkv.generation.beam import beam_search
+    from qkv.generation.completer import Completer
+    from qkv.interpret.capture import capture_attention
     from qkv.models import GPT, Transformer, build_model, count_parameters

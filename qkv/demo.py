@@ -25,8 +25,8 @@ from qkv.training.train_mt import TrainConfig
 # Measured on a 2-core laptop-class CPU (see docs/results/demo.md): about 2 minutes end to end,
 # test BLEU >= 90 and the seed sentence exact for every seed tried.
 DEMO_CONFIG = TrainConfig(
-    model=ModelConfig(arch="transformer", d_model=128, n_heads=4, d_ff=512, n_layers=2, dropout=0.1, max_len=128),
-    data=DataConfig(corpus="demo", src_lang="zh", tgt_lang="en", vocab_size=500, max_tokens=2000,
+    model=ModelConfig(arch="transformer", d_model=128, n_heads=4, d_ff=256, n_layers=2, dropout=0.1, max_len=128),
+    data=DataConfig(corpus="demo", src_lang="zh", tgt_lang="en", vocab_size=400, max_tokens=1500,
                     max_src_len=64, max_tgt_len=64, demo_train=20000, demo_valid=500, demo_test=500),
     seed=1,
     max_steps=300,

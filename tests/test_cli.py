@@ -29,3 +29,11 @@ def test_info_vocab_and_bad_preset(capsys):
 def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "qkv", "info", "--json"], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["qkv"]
+
+
+def test_public_names():
+    import qkv
+
+    for name in ("Transformer", "GPT", "ModelConfig", "Translator", "Completer", "generate", "beam_search",
+                 "capture_attention"):
+        assert callable(getattr(qkv, name)), name
