@@ -77,38 +77,40 @@ def generate(
     padded = not bool(real.all())
     key_mask = real  # (B, L) grows by one column per step
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
-    out: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
     try:
         if use_cache:
             model.setup_cache(b, total)
-        seq = ids
-        step_in, step_pos = ids, positions
+        seq, step_in, step_pos = ids, ids, positions
         for _ in range(max_new_tokens):
             mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-            if use_cache:
+            if use_cache:  # prefill the prompt once, then feed one position per step
                 logits = model(step_in, mask=mask, positions=step_pos if padded else None)
-            else:
+            else:  # recompute the whole prefix (slow; the reference the cache is tested against)
                 all_pos = torch.cat([positions, positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)], 1)
                 logits = model(seq, mask=mask, positions=all_pos if padded else None)
             tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
             if eos_id is not None:
-                tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-            for i in range(b):
-                if not done[i]:
-                    out[i].append(int(tok[i]))
+                tok = tok.masked_fill(done, pad_id)  # finished rows only pad
+            steps.append(tok)
             if on_step is not None:
                 on_step(tok)
             if eos_id is not None:
                 done |= tok == eos_id
                 if bool(done.all()):
                     break
-            seq = torch.cat([seq, tok[:, None]], dim=1)
-            key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
-            step_in = tok[:, None]  # (B, 1)
-            step_pos = step_pos[:, -1:] + 1  # (B, 1)
+            if use_cache:
+                step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
+            else:
+                seq = torch.cat([seq, tok[:, None]], dim=1)
+            if padded:
+                key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     finally:
         if use_cache:
             model.clear_cache()
         model.train(was_training)
-    return out
+    rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
+    if eos_id is not None:  # each row ends at its first <eos>, which it keeps
+        rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]
+    return rows
