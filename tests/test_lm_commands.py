@@ -36,7 +36,8 @@ def run(tmp_path_factory):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
+        if "qkv.lm_commands" not in qkv.cli.COMMAND_MODULES:
+            mp.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
         assert qkv.cli.main(["train", "lm", "--config", str(cfg), "--run", str(root / "run"), "--quiet",
                              "train.max_iters=8"]) == 0
     torch.set_num_threads(n)

@@ -13,14 +13,6 @@ from qkv.tokenizers.char import CharTokenizer
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,\n"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def completer():
     torch.manual_seed(0)

@@ -8,14 +8,6 @@ from qkv import GPT, preset
 from qkv.modules.lora import LoRALinear, apply_lora, lora_state_dict, merge_lora
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def gpt():
     torch.manual_seed(0)

@@ -16,14 +16,6 @@ PAIRS = [("我累了。", "I'm tired."), ("我很好。", "I'm fine."), ("他来
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _pairs():
     return [Pair(f"Chinese: {zh}\nEnglish:", f" {en}", f"test:{i}") for i, (zh, en) in enumerate(PAIRS)]
 
@@ -39,10 +31,7 @@ def base_run(tmp_path_factory):
         "data": {"path": str(root / "corpus.txt"), "vocab_extra": [str(root / "extra.txt")]},
         "train": {"batch_size": 4, "max_iters": 20, "warmup": 2, "eval_interval": 20, "eval_iters": 2, "lr": 3e-3},
     })
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
     train_lm(recipe, root / "base", quiet=True, plot=False)
-    torch.set_num_threads(n)
     return root / "base"
 
 
