@@ -32,7 +32,7 @@ def command_group(subparsers, name: str, help: str) -> argparse._SubParsersActio
 
 def register(subparsers) -> None:
     """Add ``train mt``, ``translate``, ``eval mt`` and ``demo`` to the ``qkv`` command line."""
-    train = command_group(subparsers, "train", "train a model (mt: translation)")
+    train = command_group(subparsers, "train", "train a model (mt: a translator; lm: a GPT)")
     p = train.add_parser("mt", help="train an encoder-decoder translation model",
                          description="Train a translation Transformer with the paper's recipe. Example: "
                                      "qkv train mt --config configs/mt/demo.yaml --run runs/demo max_steps=2000")
@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=256 lr_factor=2")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. model.d_model=256 lr_factor=2")
     p.set_defaults(func=cmd_train_mt)
 
     p = subparsers.add_parser("translate", help="translate text with a trained run (stdin to stdout)",
@@ -59,12 +60,13 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_translate)
 
-    ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF)")
+    ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF; lm: perplexity)")
     p = ev.add_parser("mt", help="BLEU and chrF (sacreBLEU) of a run on a split, or of any two files",
                       description="Score translations with sacreBLEU (cased, 13a) and chrF. Either --run DIR "
                                   "--split test, or --run DIR --src FILE --ref FILE, or --hyp FILE --ref FILE.")
     p.add_argument("--run", help="run directory to translate with")
-    p.add_argument("--split", help="a split of the run's corpus (e.g. test, valid, test2016)")
+    p.add_argument("--split", help="train, valid or test (the run's own splits), or any split of its corpus "
+                                   "(e.g. test2016); default: test")
     p.add_argument("--src", help="a source file to translate and score (with --run and --ref)")
     p.add_argument("--hyp", help="a file of translations to score (with --ref)")
     p.add_argument("--ref", help="the reference translations, line-aligned")
@@ -203,7 +205,8 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
             raise ValueError("--hyp needs --ref (the reference translations)")
         hyps, refs, what = read_lines(args.hyp), read_lines(args.ref), f"{args.hyp} vs {args.ref}"
         if len(hyps) != len(refs):
-            raise ValueError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: they must be line-aligned")
+            raise ValueError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: "
+                             "they must be line-aligned")
     else:
         if not args.run:
             raise ValueError("give --run DIR with --split NAME or --src/--ref FILES, or --hyp FILE --ref FILE")
@@ -220,12 +223,15 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
             what = f"{args.src} -> {args.ref}"
         else:
-            data = from_dict(DataConfig, load_run_config(args.run).get("data", {}), where=f"{args.run}/config.json: data")
+            data = from_dict(DataConfig, load_run_config(args.run).get("data", {}),
+                             where=f"{args.run}/config.json: data")
             if args.data_dir:
                 from dataclasses import replace
 
                 data = replace(data, data_dir=args.data_dir)
-            split = args.split or data.test
+            # --split names a split of the corpus, or a role: train/valid/test mean the run's own
+            # (multi30k's test is test2016, its valid is val).
+            split = getattr(data, args.split) if args.split in ("train", "valid", "test") else (args.split or data.test)
             src, refs = load_split(data, split)
             what = f"{data.corpus} {split} ({data.src_lang}->{data.tgt_lang})"
         print(f"translating {len(src)} sentences (beam {args.beam})...", file=sys.stderr)

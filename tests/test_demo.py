@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import qkv.cli
 from qkv.config import load_yaml
@@ -41,14 +40,6 @@ DRIVER = ("import sys, qkv.cli as c; m = 'qkv.mt_commands'; "
           "c.COMMAND_MODULES += [m] if m not in c.COMMAND_MODULES else []; sys.exit(c.main(sys.argv[1:]))")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def qkv_main(monkeypatch):
     """``qkv.cli.main`` with the translation commands registered."""
@@ -67,13 +58,10 @@ def tiny_run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     if "qkv.mt_commands" not in qkv.cli.COMMAND_MODULES:
         mp.setattr(qkv.cli, "COMMAND_MODULES", [*qkv.cli.COMMAND_MODULES, "qkv.mt_commands"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         assert qkv.cli.main(["train", "mt", "--config", str(config), "--run", str(run)]) == 0
     finally:
         mp.undo()
-        torch.set_num_threads(threads)
     return run
 
 
@@ -112,7 +100,8 @@ def test_translate_files_keep_one_line_per_line(tiny_run, qkv_main, tmp_path):
     src = tmp_path / "in.zh"
     src.write_text("小明饿了，他想吃饭。\n\n   \n¿Qué? 🙂 ☃ Ж\n小红很忙。", encoding="utf-8")  # no final newline
     out = tmp_path / "out.en"
-    assert qkv_main(["translate", "--run", str(tiny_run), "--input", str(src), "--output", str(out), "--beam", "2"]) == 0
+    argv = ["translate", "--run", str(tiny_run), "--input", str(src), "--output", str(out), "--beam", "2"]
+    assert qkv_main(argv) == 0
     lines = out.read_text(encoding="utf-8").split("\n")
     assert len(lines) == 6 and lines[-1] == ""  # 5 lines, each ended by a newline
     assert lines[1] == "" and lines[2] == ""
@@ -229,11 +218,15 @@ def test_demo_smoke(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_reaches_its_targets(tmp_path):
-    """The real demo: the seed sentence exact and test BLEU >= 90, within the time budget."""
-    torch.set_num_threads(torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else os.cpu_count() or 1)
+    """The real `qkv demo`, in a fresh process with torch's default threads: the seed sentence exact
+    and test BLEU >= 90, within the time budget."""
     run = tmp_path / "demo"
-    assert run_demo(run, quiet=True) == 0
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", DRIVER, "demo", "--run", str(run)], capture_output=True,
+                          timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     results = json.loads((run / RESULTS_JSON).read_text(encoding="utf-8"))
     assert results["seed_translation"] == "Xiaoming is tired, he wants to sleep."
     assert results["test_bleu"] >= 90.0
-    assert results["wall_seconds"] < 300  # the budget is 180 s on an idle 2-core machine
+    assert results["wall_seconds"] < 300  # the budget is 180 s; a busy shared machine is slower
+    assert "Xiaoming is tired, he wants to sleep." in proc.stdout.decode()

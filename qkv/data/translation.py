@@ -86,7 +86,8 @@ def encode_pairs(tokenizer, src: Sequence[str], tgt: Sequence[str]) -> list[Exam
     return list(zip(tokenizer.encode_batch(list(src)), tokenizer.encode_batch(list(tgt))))
 
 
-def filter_by_length(examples: Sequence[Example], max_src_len: int, max_tgt_len: int) -> tuple[list[Example], list[int]]:
+def filter_by_length(examples: Sequence[Example], max_src_len: int,
+                     max_tgt_len: int) -> tuple[list[Example], list[int]]:
     """Drop pairs with an empty side or a side longer than the limits.
 
     Returns:

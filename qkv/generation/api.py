@@ -132,7 +132,8 @@ class Translator:
         try:
             load_weights(weights_path, model)
         except CheckpointError as e:
-            raise RunError(f"{e}\n(the weights do not match {run_dir / CONFIG_FILE}: files from different runs?)") from None
+            raise RunError(f"{e}\n(the weights do not match {run_dir / CONFIG_FILE}: "
+                           "files from different runs?)") from None
         return cls(model.to(device), tokenizer, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------------------------------
@@ -163,7 +164,8 @@ class Translator:
                 if not truncate:
                     raise InputTooLongError(
                         f"input {i + 1} has {len(ids)} tokens (with <eos>) but the model reads at most {limit}; "
-                        "split the sentence, or pass truncate=True (--truncate) to keep its first tokens", i, len(ids), limit)
+                        "split the sentence, or pass truncate=True (--truncate) to keep its first tokens",
+                        i, len(ids), limit)
                 print(f"warning: input {i + 1} truncated from {len(ids)} to {limit} tokens", file=sys.stderr)
                 ids = ids[: limit - 1] + [self.tokenizer.eos_id]
             out.append(ids)
@@ -207,7 +209,8 @@ class Translator:
         for idx in self._batches(sources):
             src = self._pad([sources[i] for i in idx])
             if beam == 1 and n_best == 1:
-                results = [[(ids, float("nan"))] for ids in greedy_search(self.model, src, tok.bos_id, tok.eos_id, extra)]
+                outputs = greedy_search(self.model, src, tok.bos_id, tok.eos_id, extra)
+                results = [[(ids, float("nan"))] for ids in outputs]
             else:
                 hyps = beam_search(self.model, src, tok.bos_id, tok.eos_id, beam, alpha, n_best, extra)
                 results = [[(h.tokens, h.score) for h in hs] for hs in hyps]
@@ -217,7 +220,8 @@ class Translator:
         return out
 
     @overload
-    def translate(self, texts: str, beam: int = ..., alpha: float = ..., extra: int = ..., truncate: bool = ...) -> str: ...
+    def translate(self, texts: str, beam: int = ..., alpha: float = ..., extra: int = ...,
+                  truncate: bool = ...) -> str: ...
 
     @overload
     def translate(self, texts: Sequence[str], beam: int = ..., alpha: float = ..., extra: int = ...,

@@ -151,7 +151,9 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
     n = 0
     for batch in eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id):
         batch = batch.to(device)
-        out = label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, smoothing, ignore_index=tok.pad_id)
+        keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
+        out = label_smoothed_nll(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], smoothing,
+                                 ignore_index=tok.pad_id)
         k = int(out.n_tokens)
         loss_sum += float(out.loss) * k
         nll_sum += float(out.nll) * k
@@ -179,7 +181,8 @@ def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         if not (run_dir / "last.pt").is_file():
             raise FileNotFoundError(f"cannot resume: {run_dir / 'last.pt'} not found (no checkpoint in {run_dir})")
         return
-    existing = [name for name in RUN_FILES if (run_dir / name).exists()] + sorted(p.name for p in run_dir.glob("step_*.safetensors"))
+    existing = [name for name in RUN_FILES if (run_dir / name).exists()]
+    existing += sorted(p.name for p in run_dir.glob("step_*.safetensors"))
     if existing and not overwrite:
         raise ValueError(f"{run_dir} already holds a run ({', '.join(existing[:4])}...); pass --resume to continue "
                          "it, --overwrite to start again, or choose another --run directory")
@@ -248,7 +251,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
     if resume:
         state = load_checkpoint(run_dir, "last", model, optimizer)
         step, bad_evals, train_seconds = int(state["step"]), int(state["bad_evals"]), float(state["train_seconds"])
-        best = state["best"] if state["best"] is not None else None
+        best = state["best"]
         stream.load_state_dict(state["data"])
         log(f"resumed from {run_dir / 'last.safetensors'} at step {step}")
 
@@ -280,8 +283,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         step_loss = step_nll = 0.0
         for batch in batches:
             batch = batch.to(device)
-            logits = model(batch.src, batch.tgt_in)  # (B, T, V): all target positions at once (teacher forcing)
-            out = label_smoothed_nll(logits, batch.tgt_out, cfg.label_smoothing, ignore_index=tok.pad_id)
+            # All target positions at once (teacher forcing); the vocabulary projection only for the
+            # real ones, not the padding.
+            keep = batch.tgt_out != tok.pad_id  # (B, T)
+            logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+            out = label_smoothed_nll(logits, batch.tgt_out[keep], cfg.label_smoothing, ignore_index=tok.pad_id)
             weight = batch.tgt_tokens / total_tokens
             (out.loss * weight).backward()
             step_loss = step_loss + out.loss.detach() * weight
@@ -368,7 +374,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         scores, hyps = translate_and_score(model, tok, test_src, test_tgt, cfg.test_beam, cfg.test_alpha, d.max_tokens)
         (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
         metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=cfg.test_beam)
-        summary["test"] = {**scores, "split": d.test, "beam": cfg.test_beam, "seconds": round(time.perf_counter() - t0, 1)}
+        summary["test"] = {**scores, "split": d.test, "beam": cfg.test_beam,
+                           "seconds": round(time.perf_counter() - t0, 1)}
         log(f"test ({d.test}, beam {cfg.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
     metrics.close()
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Shared fixtures of the interpret tests: real (tiny, untrained) translation and GPT run directories."""
+"""Shared fixtures of the interpret tests: real tiny translation (trained) and GPT (untrained) run directories."""
 
 import json
 
@@ -12,23 +12,23 @@ SENTENCES = ["小明累了，他想睡觉。", "Xiaoming is tired, he wants to s
 
 @pytest.fixture(scope="session")
 def mt_run(tmp_path_factory):
-    """A translation run directory with an untrained tiny model: config.json, tokenizer.json, weights.
+    """A translation run directory of a tiny *trained* model, written by the real trainer.
 
-    2 layers x 2 heads, d_model 16: every kind of map (encoder self, decoder self, cross) exists,
-    and loading plus one translation take a second or two on a CPU. Session-scoped: build once.
+    2 layers x 2 heads, d_model 16, 40 steps on the embedded demo corpus (a few seconds): every kind
+    of map (encoder self, decoder self, cross) exists and has learned something. Session-scoped.
     """
-    from qkv.models import Transformer
-    from qkv.tokenizers.bpe import BPETokenizer
-    from qkv.training.checkpoint import save_weights
+    from qkv.data.translation import DataConfig
+    from qkv.training.train_mt import TrainConfig, train
 
-    path = tmp_path_factory.mktemp("mt_run")
-    tok = BPETokenizer.train(SENTENCES * 5, vocab_size=80)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0,
-                      max_len=64)
+    path = tmp_path_factory.mktemp("mt_run") / "run"
+    cfg = TrainConfig(
+        model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=64),
+        data=DataConfig(corpus="demo", vocab_size=120, max_tokens=400, max_src_len=40, max_tgt_len=40,
+                        demo_train=400, demo_valid=8, demo_test=8),
+        max_steps=40, warmup=5, peak_lr=3e-3, eval_every=40, eval_bleu_sentences=0, test_beam=1,
+    )
     torch.manual_seed(0)
-    tok.save(path)
-    (path / "config.json").write_text(json.dumps({"model": to_dict(cfg)}))
-    save_weights(path / "model.safetensors", Transformer(cfg))
+    train(cfg, path, quiet=True)
     return path
 
 

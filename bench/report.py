@@ -1,0 +1,76 @@
+"""Markdown tables of the benchmark results in bench/results/*.json, for docs/BENCHMARKS.md.
+
+    python bench/report.py [bench/results]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _header(r: dict) -> str:
+    return f"`{r['command']}` — {r['date']}, {r['machine']}"
+
+
+def train_gpt(r: dict) -> str:
+    s, ratio = r["summary"], r.get("ratios_qkv_over_hf", {})
+    rows = ["| | tokens/s (median) | peak RSS | RSS added by training | model FLOP/s | of matmul peak |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for impl, v in s.items():
+        rows.append(f"| {impl} | {v['tokens_per_s_median']:,.0f} | {v['peak_rss_mb_median']:,.0f} MB | "
+                    f"{v['training_rss_mb_median']:,.0f} MB | {v['model_gflops_per_s']:.0f} GFLOP/s | "
+                    f"{100 * v['fraction_of_matmul_peak']:.0f}% |")
+    if ratio:
+        rows.append(f"| **qkv / HF** | **{ratio['tokens_per_s']:.2f}x** | **{ratio['peak_rss']:.2f}x** | "
+                    f"{ratio['training_rss']:.2f}x | | |")
+    return "\n".join([_header(r), "", *rows, "", f"fp32 matmul peak in the same run: {r['matmul_peak_gflops']:.0f} GFLOP/s."])
+
+
+def train_mt(r: dict) -> str:
+    rows = ["| | target tokens/s (median) | peak RSS |", "|---|---:|---:|"]
+    for impl, v in r["summary"].items():
+        rows.append(f"| {impl} | {v['tokens_per_s_median']:,.0f} | {v['peak_rss_mb_median']:,.0f} MB |")
+    if "ratio_tokens_per_s_qkv_over_marian" in r:
+        rows.append(f"| **qkv / Marian** | **{r['ratio_tokens_per_s_qkv_over_marian']:.2f}x** | |")
+    lengths = r.get("sentence_lengths", [8, 32])
+    note = (f"Sentence lengths {lengths[0]}-{lengths[1]} tokens; padding {100 * r.get('padding_fraction', 0):.0f}% "
+            "of the batch cells.")
+    return "\n".join([_header(r), "", *rows, "", note])
+
+
+def beam_mt(r: dict) -> str:
+    rows = ["| | sentences/s (median) |", "|---|---:|"]
+    for impl, v in r["summary"].items():
+        rows.append(f"| {impl} | {v['sentences_per_s_median']:.1f} |")
+    if "ratio_qkv_over_marian" in r:
+        rows.append(f"| **qkv / Marian** | **{r['ratio_qkv_over_marian']:.2f}x** |")
+    return "\n".join([_header(r), "", *rows])
+
+
+def generate_gpt(r: dict) -> str:
+    rows = ["| batch | qkv (cache) | HF generate (cache) | qkv without cache | qkv / HF | cache / no cache |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for batch, s in r["by_batch"].items():
+        def tps(k):
+            return f"{s[k]['tokens_per_s_median']:,.0f} tok/s ({s[k]['ms_per_step_median']:.1f} ms/step)" if k in s else "-"
+        rows.append(f"| {batch} | {tps('qkv')} | {tps('hf')} | {tps('qkv-nocache')} | "
+                    f"**{s.get('ratio_qkv_over_hf', float('nan')):.2f}x** | {s.get('ratio_cache_over_nocache', float('nan')):.1f}x |")
+    return "\n".join([_header(r), "", *rows])
+
+
+RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
+          "generate_gpt": generate_gpt}
+
+
+def main() -> None:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
+    for path in sorted(folder.glob("*.json")):
+        render = RENDER.get(path.stem)
+        if render:
+            print(f"### {path.stem}\n\n{render(json.loads(path.read_text()))}\n")
+
+
+if __name__ == "__main__":
+    main()
