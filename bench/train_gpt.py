@@ -23,7 +23,6 @@ VOCAB, CONTEXT, BATCH = 65, 256, 8
 
 def build(impl: str):
     """The model and a function (x, y) -> loss, for one implementation."""
-    import torch
     import torch.nn.functional as F
 
     if impl == "qkv":

@@ -22,6 +22,22 @@ COMMAND_MODULES = [
 ]
 
 
+def command_group(subparsers, name: str, help: str) -> argparse._SubParsersAction:
+    """The sub-subcommands of ``qkv NAME`` (``qkv train mt``, ``qkv train lm``...), created on first use.
+
+    Several modules add kinds to the same group (translation adds ``train mt``, the GPT part adds
+    ``train lm``), so a second call finds the parser the first one created instead of replacing it.
+    """
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help=help, description=help)
+        parser.set_defaults(func=lambda args, p=parser: (p.print_help(sys.stderr), 2)[1])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest=f"{name}_kind", metavar="KIND")
+
+
 def _info(args: argparse.Namespace) -> int:
     import platform
 

@@ -268,8 +268,8 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
     return from_dict(type(cfg), data)
 
 
-def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
-    """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file."""
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML file; a missing file or bad YAML is an error naming the file."""
     import yaml
 
     path = Path(path)
@@ -279,10 +279,14 @@ def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> 
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    try:
-        cfg = from_dict(cls, data, where=str(path))
-    except ConfigError as e:
-        raise ConfigError(str(e)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
+    """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file."""
+    cfg = from_dict(cls, read_yaml_mapping(path), where=str(path))
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 
@@ -300,5 +304,5 @@ def load_json(path: str | Path, cls: type[T]) -> T:
 
 __all__ = [
     "ConfigError", "ModelConfig", "PRESETS", "PAPER_PARAMS", "preset", "from_dict", "to_dict",
-    "apply_overrides", "load_yaml", "save_json", "load_json", "field", "replace",
+    "apply_overrides", "read_yaml_mapping", "load_yaml", "save_json", "load_json", "field", "replace",
 ]

@@ -13,16 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
-    """The sub-subparsers of command ``name`` (``train``, ``eval``), creating the command if nobody has yet."""
-    parser = subparsers.choices.get(name)
-    if parser is None:
-        parser = subparsers.add_parser(name, help=help)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    return parser.add_subparsers(dest=f"{name}_command", metavar="WHAT")
+from qkv.cli import command_group
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence, TextIO
 import torch
 import torch.nn.functional as F
 
-from qkv.config import ConfigError, apply_overrides, from_dict, save_json
+from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, save_json
 from qkv.data.lm import TOKENS_FILE, LMData, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.models.gpt import GPT
@@ -65,16 +65,7 @@ def recipe_from_dict(data: Mapping[str, Any], where: str = "recipe") -> LMRecipe
 
 def load_recipe_file(path: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
     """Read ``configs/lm/*.yaml`` and apply ``section.key=value`` overrides; errors name the file and key."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    recipe = recipe_from_dict(data, where=str(path))
+    recipe = recipe_from_dict(read_yaml_mapping(path), where=str(path))
     return apply_overrides(recipe, overrides) if overrides else recipe
 
 
