@@ -36,3 +36,10 @@ def test_not_a_run_dir(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert main(["plot", "curves", "--run", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_curves_command(mt_run, tmp_path, capsys):
+    out = tmp_path / "curves.png"
+    assert main(["plot", "curves", "--run", str(mt_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
