@@ -16,10 +16,9 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median_of, run_alternating, write_result  # noqa: E402
+from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
 from train_mt import D, FF, HEADS, LAYERS, PAD, VOCAB  # noqa: E402
 
 SOURCES, BEAM, NEW = 16, 4, 30
@@ -70,13 +69,8 @@ def worker(impl: str, reps: int) -> dict:
             assert out.shape == (SOURCES, NEW + 1), out.shape  # decoder start + 30 tokens
     else:
         raise ValueError(impl)
-    times = []
     with torch.inference_mode():
-        run()  # warm-up
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
+        times = time_steps(run, reps, warmup=1)
     return {"impl": impl, "sentences_per_s": SOURCES / statistics.median(times), "seconds": statistics.median(times)}
 
 

@@ -60,6 +60,25 @@ def time_steps(step: Callable[[], object], steps: int, warmup: int) -> list[floa
     return times
 
 
+def time_training(optimizer, loss_fn: Callable[..., object], next_batch: Callable[[], tuple], steps: int,
+                  warmup: int) -> tuple[list[float], dict]:
+    """Time forward + backward + optimizer steps on ``next_batch()``; also the memory they take.
+
+    Returns:
+        (step times after the warm-up, {"peak_rss_mb", "training_rss_mb": what training added}).
+    """
+
+    def step():
+        loss = loss_fn(*next_batch())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    before = rss_mb()
+    times = time_steps(step, steps, warmup)
+    return times, {"peak_rss_mb": peak_rss_mb(), "training_rss_mb": peak_rss_mb() - before}
+
+
 def run_alternating(script: str, impls: list[str], repeats: int, extra: list[str]) -> dict[str, list[dict]]:
     """Run ``script --worker IMPL *extra`` for each impl, ``repeats`` rounds, alternating; parse its last JSON line."""
     runs: dict[str, list[dict]] = {i: [] for i in impls}

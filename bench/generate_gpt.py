@@ -14,10 +14,9 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median_of, run_alternating, write_result  # noqa: E402
+from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 VOCAB, CONTEXT, PROMPT, NEW = 65, 256, 16, 200
 
@@ -51,13 +50,8 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             assert out.shape[1] == PROMPT + NEW
     else:
         raise ValueError(impl)
-    times = []
     with torch.inference_mode():
-        run()  # warm-up
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
+        times = time_steps(run, reps, warmup=1)
     return {"impl": impl, "batch": batch, "tokens_per_s": batch * NEW / statistics.median(times),
             "ms_per_step": 1000 * statistics.median(times) / NEW}
 

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
-    matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, training_bench_args, write_result,
+    matmul_peak_gflops, median_of, run_alternating, time_training, training_bench_args, write_result,
 )
 
 VOCAB, CONTEXT, BATCH = 65, 256, 8
@@ -53,19 +53,9 @@ def worker(args) -> dict:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
     data = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), generator=torch.Generator().manual_seed(0))
-    x, y = data[:, :-1], data[:, 1:]
-
-    def step():
-        loss = loss_fn(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    rss_before = rss_mb()
-    times = time_steps(step, steps, warmup)
+    times, memory = time_training(opt, loss_fn, lambda: (data[:, :-1], data[:, 1:]), steps, warmup)
     return {
-        "impl": impl, "tokens_per_s": BATCH * CONTEXT / statistics.median(times),
-        "peak_rss_mb": peak_rss_mb(), "training_rss_mb": peak_rss_mb() - rss_before,
+        "impl": impl, "tokens_per_s": BATCH * CONTEXT / statistics.median(times), **memory,
         "params": sum(p.numel() for p in model.parameters()),
     }
 

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
-    matmul_peak_gflops, median_of, peak_rss_mb, rss_mb, run_alternating, time_steps, training_bench_args, write_result,
+    matmul_peak_gflops, median_of, run_alternating, time_training, training_bench_args, write_result,
 )
 
 VOCAB, D, LAYERS, HEADS, FF, PAIRS, PAD = 8000, 256, 3, 4, 1024, 64, 0
@@ -94,23 +94,12 @@ def worker(args) -> dict:
     data = batches(steps + warmup, args.min_len, args.max_len)
     cells = sum(src.numel() + tgt_in.numel() for src, tgt_in, _ in data)
     real = sum(int((src != PAD).sum()) + int((tgt_in != PAD).sum()) for src, tgt_in, _ in data)
-    it = iter(data)
     tokens = [int((tgt_out != PAD).sum()) for _, _, tgt_out in data[warmup:]]
-
-    def step():
-        src, tgt_in, tgt_out = next(it)
-        loss = loss_fn(src, tgt_in, tgt_out)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    rss_before = rss_mb()
-    times = time_steps(step, steps, warmup)
+    times, memory = time_training(opt, loss_fn, iter(data).__next__, steps, warmup)
     per_step = [n / t for n, t in zip(tokens, times)]
     return {
-        "impl": impl, "tokens_per_s": statistics.median(per_step), "padding_fraction": 1 - real / cells,
-        "peak_rss_mb": peak_rss_mb(),
-        "training_rss_mb": peak_rss_mb() - rss_before, "params": sum(p.numel() for p in model.parameters()),
+        "impl": impl, "tokens_per_s": statistics.median(per_step), "padding_fraction": 1 - real / cells, **memory,
+        "params": sum(p.numel() for p in model.parameters()),
     }
 
 

@@ -73,9 +73,9 @@ def scaled_dot_product_attention(
             weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, L)
+    # SDPA itself gives zeros for a query whose keys are all masked (since torch 2.5; the pinned 2.13
+    # does, and tests/modules/test_attention.py holds it to that), so no second pass is needed here.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-    if mask is not None:
-        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # fully masked rows -> zeros
     return out, None
 
 

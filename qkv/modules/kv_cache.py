@@ -110,9 +110,10 @@ class StaticKV(nn.Module):
 
 
 def _attention_modules(model: nn.Module):
+    """The model's attention modules, in order (a generator: ``cache_length`` stops at the first cache)."""
     from qkv.modules.attention import MultiHeadAttention
 
-    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    return (m for m in model.modules() if isinstance(m, MultiHeadAttention))
 
 
 def setup_caches(model: nn.Module, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> None:
