@@ -60,6 +60,18 @@ def generate_gpt(r: dict) -> str:
     return "\n".join([_header(r), "", *rows])
 
 
+def quality_mt(r: dict) -> str:
+    c = r["cost"]
+    rows = [f"{r['corpus']} {r['direction']}: {c['parameters']:,} parameters, {c['train_seconds'] / 60:.0f} min of "
+            f"training ({c['steps']:,} steps, {c['epochs']} epochs, median {c['tokens_per_s_median']:,.0f} tokens/s), "
+            f"final weights: {c['final_weights']}", "",
+            "| test set | weights | decoding | BLEU | chrF | decoding time |", "|---|---|---|---:|---:|---:|"]
+    for s in r["scores"]:
+        decoding = "greedy" if s["beam"] == 1 else f"beam {s['beam']}, alpha {r['alpha']}"
+        rows.append(f"| {s['set']} | {s['weights']} | {decoding} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['seconds']:.0f} s |")
+    return "\n".join([_header(r), "", *rows])
+
+
 RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
           "generate_gpt": generate_gpt}
 
@@ -67,7 +79,7 @@ RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
     for path in sorted(folder.glob("*.json")):
-        render = RENDER.get(path.stem)
+        render = RENDER.get(path.stem) or (quality_mt if path.stem.startswith("quality_") else None)
         if render:
             print(f"### {path.stem}\n\n{render(json.loads(path.read_text()))}\n")
 

@@ -15,6 +15,9 @@ from typing import BinaryIO, Iterator, TextIO
 
 from qkv.cli import command_group
 
+WEIGHTS_HELP = ("which weights of the run: model (the default: the trainer's final choice), best, last, average "
+                "(of the last K checkpoints), or a .safetensors file")
+
 
 def register(subparsers) -> None:
     """Add ``train mt``, ``translate``, ``eval mt`` and ``demo`` to the ``qkv`` command line."""
@@ -44,6 +47,7 @@ def register(subparsers) -> None:
                    help="cut inputs longer than the model's positions (default: stop with an error)")
     p.add_argument("--batch-size", type=int, default=64, help="lines translated together (default 64)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", help=WEIGHTS_HELP)
     p.set_defaults(func=cmd_translate)
 
     ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF; lm: perplexity)")
@@ -60,6 +64,7 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--output", "-o", help="also write the translations here")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
+    p.add_argument("--weights", help=WEIGHTS_HELP)
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.set_defaults(func=cmd_eval_mt)
 
@@ -150,7 +155,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ValueError(f"need 1 <= --nbest <= --beam, got --nbest {args.nbest}, --beam {args.beam}")
     if args.input and not Path(args.input).is_file():
         raise FileNotFoundError(f"input file not found: {args.input}")
-    translator = Translator.from_run(args.run, device=args.device)
+    translator = Translator.from_run(args.run, weights=args.weights, device=args.device)
     source = open(args.input, "rb") if args.input else sys.stdin
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     line_no = 0
@@ -200,7 +205,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
         from qkv.data.translation import DataConfig, load_split
         from qkv.generation.api import Translator, load_run_config
 
-        translator = Translator.from_run(args.run)
+        translator = Translator.from_run(args.run, weights=args.weights)
         if args.src:
             if not args.ref:
                 raise ValueError("--src needs --ref")

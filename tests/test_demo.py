@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import qkv.cli
 from qkv.config import load_yaml
@@ -189,6 +190,22 @@ def test_eval_mt_on_the_run_and_on_files(tiny_run, qkv_main, tmp_path, capsys):
     short.write_text("Xiaoming is tired.\n", encoding="utf-8")
     assert qkv_main(["eval", "mt", "--hyp", str(short), "--ref", str(ref)]) == 2
     assert "must be line-aligned" in capsys.readouterr().err
+
+
+def test_eval_mt_picks_the_weights_of_the_run(tiny_run, qkv_main, capsys):
+    from qkv.training.checkpoint import average_checkpoints
+    from safetensors.torch import load_file
+
+    steps = sorted(tiny_run.glob("step_*.safetensors"))  # the trainer averages the last 5 (all that are kept)
+    assert len(steps) >= 2
+    averaged, saved = average_checkpoints(steps), load_file(tiny_run / "average.safetensors")
+    assert averaged.keys() == saved.keys() and all(torch.equal(averaged[k], saved[k]) for k in saved)
+    for weights in ("model", "best", "last", "average", str(steps[0])):
+        assert qkv_main(["eval", "mt", "--run", str(tiny_run), "--split", "test", "--beam", "1", "--json",
+                         "--weights", weights]) == 0
+        assert 0 <= json.loads(capsys.readouterr().out)["bleu"] <= 100
+    assert qkv_main(["eval", "mt", "--run", str(tiny_run), "--weights", "step_0000099"]) == 2
+    assert "step_0000099" in capsys.readouterr().err
 
 
 def test_train_group_tolerates_a_second_registration():

@@ -36,6 +36,16 @@ class InputTooLongError(ValueError):
         self.index, self.n_tokens, self.limit = index, n_tokens, limit
 
 
+# Weights a run directory may hold, by name: the final choice, the best and last checkpoints, and the
+# average of the last K checkpoints (Section 6.1). `qkv translate/eval mt --weights NAME` picks one.
+WEIGHT_NAMES = ("model", "best", "last", "average")
+
+
+def named_weights(run_dir: Path, weights: str | Path) -> Path:
+    """``model``/``best``/``last``/``average`` name a file of the run directory; anything else is a path."""
+    return run_dir / f"{weights}.safetensors" if str(weights) in WEIGHT_NAMES else Path(weights)
+
+
 def find_weights(run_dir: Path) -> Path | None:
     """The weights a run is used with: ``model.safetensors``, else the best or last checkpoint."""
     for name in (WEIGHTS_FILE, *FALLBACK_WEIGHTS):
@@ -91,7 +101,8 @@ class Translator:
 
         Args:
             run_dir: written by ``qkv train mt``.
-            weights: a weights file (default: ``model.safetensors``, else ``best``, else ``last``).
+            weights: ``model``, ``best``, ``last``, ``average`` (files of the run) or a weights file
+                (default: ``model.safetensors``, else ``best``, else ``last``).
             device: where to run.
 
         Raises:
@@ -105,12 +116,12 @@ class Translator:
 
         run_dir = Path(run_dir)
         data = load_run_config(run_dir)
-        weights_path = Path(weights) if weights is not None else find_weights(run_dir)
+        weights_path = named_weights(run_dir, weights) if weights is not None else find_weights(run_dir)
         missing = []
         if not (run_dir / TOKENIZER_FILE).is_file():
             missing.append(TOKENIZER_FILE)
         if weights_path is None or not weights_path.is_file():
-            missing.append(str(weights) if weights is not None else f"{WEIGHTS_FILE} (nor best/last.safetensors)")
+            missing.append(str(weights_path) if weights is not None else f"{WEIGHTS_FILE} (nor best/last.safetensors)")
         if missing:
             raise FileNotFoundError(f"{run_dir}: missing {' and '.join(missing)}; a translation run holds "
                                     f"{CONFIG_FILE}, {TOKENIZER_FILE} and {WEIGHTS_FILE}")

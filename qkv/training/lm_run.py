@@ -79,6 +79,9 @@ class LMTrainConfig:
         context: Tokens per window; 0 means the model's ``max_len``.
         grad_accum: Micro-batches per optimizer step (the effective batch is their product).
         max_iters: Optimizer steps.
+        max_minutes: Also stop once this much wall time has gone into the run (evaluations included),
+            with the same final evaluation and export as at ``max_iters`` (None: no limit). The cosine
+            still runs to ``decay_iters``: set ``max_iters`` so it ends near the budget.
         lr, min_lr: Peak and final learning rate of the cosine schedule.
         warmup: Linear warmup steps.
         lr_decay_iters: Step at which the cosine reaches ``min_lr``; 0 means ``max_iters``.
@@ -102,6 +105,7 @@ class LMTrainConfig:
     context: int = 0
     grad_accum: int = 1
     max_iters: int = 5000
+    max_minutes: float | None = None
     lr: float = 1e-3
     min_lr: float = 1e-4
     warmup: int = 100
@@ -130,6 +134,8 @@ class LMTrainConfig:
         for name in ("context", "warmup", "lr_decay_iters", "checkpoint_interval", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ConfigError(f"train.max_minutes must be > 0 (or null), got {self.max_minutes}")
         if not 0 < self.lr or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if self.device not in ("auto", "cpu", "cuda"):

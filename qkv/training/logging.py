@@ -157,6 +157,7 @@ class Progress:
         log_every: Write a plain line every this many steps (0: never by count).
         log_seconds: ...and whenever this many seconds have passed since the last one (0: never by time).
         start_step: Step already reached (a resumed run), so rates and ETA count from here.
+        seconds_left: A time budget left at the start (``max_minutes``): the ETA is never beyond it.
         stream: Where to write; stderr by default.
         enabled: False makes every call a no-op (ranks other than 0).
     """
@@ -168,6 +169,7 @@ class Progress:
         log_every: int = 100,
         log_seconds: float = 60.0,
         start_step: int = 0,
+        seconds_left: float | None = None,
         stream: TextIO | None = None,
         enabled: bool = True,
     ) -> None:
@@ -179,6 +181,7 @@ class Progress:
         self.enabled = enabled
         self.step = start_step
         self._start_step = start_step
+        self.seconds_left = seconds_left
         self._t0 = self._last_t = time.perf_counter()
         self._last_postfix_t = float("-inf")
         self._tokens_since = 0
@@ -194,11 +197,13 @@ class Progress:
 
     @property
     def eta_seconds(self) -> float:
-        """Seconds left at the mean pace since the start (NaN before the first step)."""
+        """Seconds left at the mean pace since the start, or of the time budget if sooner (NaN before the first step)."""
         done = self.step - self._start_step
         if done <= 0:
             return float("nan")
-        return (time.perf_counter() - self._t0) / done * (self.total - self.step)
+        spent = time.perf_counter() - self._t0
+        by_steps = spent / done * (self.total - self.step)
+        return by_steps if self.seconds_left is None else max(0.0, min(by_steps, self.seconds_left - spent))
 
     def write(self, message: str) -> None:
         """Write a line without breaking the bar."""

@@ -249,7 +249,9 @@ def train_lm(
     forward = torch.compile(model) if tc.compile else model
 
     metrics = MetricsLogger(run_dir)
+    budget = tc.max_minutes * 60 if tc.max_minutes is not None else None
     progress = Progress(total=tc.max_iters, desc="train lm", log_every=tc.eval_interval, start_step=step,
+                        seconds_left=None if budget is None else budget - elapsed_before,
                         stream=stream, enabled=not quiet)
     if not quiet:
         n_params = sum(p.numel() for p in model.parameters())
@@ -273,8 +275,9 @@ def train_lm(
         })
 
     model.train()
+    out_of_time = False
     try:
-        while step < tc.max_iters and (stop_at is None or step < stop_at):
+        while step < tc.max_iters and not out_of_time and (stop_at is None or step < stop_at):
             step += 1
             lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_iters)
             set_lr(optimizer, lr)
@@ -300,7 +303,8 @@ def train_lm(
                 metrics.log(step, "train", loss=loss_value, lr=lr)
             progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
 
-            last = step == tc.max_iters
+            out_of_time = budget is not None and elapsed_before + time.perf_counter() - t0 >= budget
+            last = step == tc.max_iters or out_of_time
             if step % tc.eval_interval == 0 or last:
                 losses = evaluate()
                 result.valid_loss = losses["valid"]
@@ -319,7 +323,7 @@ def train_lm(
         result.step, result.best_valid = step, best
         result.train_seconds = elapsed_before + time.perf_counter() - t0
 
-    if step == tc.max_iters:
+    if step == tc.max_iters or out_of_time:
         # The export: the best weights (or the last), and a full pass over the validation split.
         if tc.keep_best and (run_dir / BEST_WEIGHTS).is_file():
             load_weights(run_dir / BEST_WEIGHTS, model)

@@ -256,7 +256,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         log(f"resumed from {run_dir / 'last.safetensors'} at step {step}")
 
     metrics = MetricsLogger(run_dir)
-    progress = Progress(cfg.max_steps, desc=desc, log_every=cfg.log_every, start_step=step, enabled=not quiet)
+    progress = Progress(cfg.max_steps, desc=desc, log_every=cfg.log_every, start_step=step, enabled=not quiet,
+                        seconds_left=None if cfg.max_minutes is None else cfg.max_minutes * 60 - train_seconds)
     model.train()
     stop_reason = "max_steps"
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
@@ -353,6 +354,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
     chosen, chosen_nll = "last", math.inf
     for name, load in candidates.items():
         load()
+        if name == "average":  # kept, so that `qkv eval mt --weights average` can score it next to the others
+            save_weights(run_dir / "average.safetensors", model, metadata={"step": str(step), "averaged": str(len(steps_saved))})
         nll = validation_loss(model, valid_examples, d.max_tokens, tok, cfg.label_smoothing, device)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:

@@ -56,6 +56,16 @@ def test_the_run_directory_holds_everything_and_the_loss_falls(tmp_path):
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 0.3
 
 
+def test_max_minutes_ends_the_run_like_its_last_step(tmp_path):
+    result = train_lm(tiny(tmp_path, max_minutes=1e-9), tmp_path / "run", quiet=True, plot=False)
+    assert result.step == 1  # out of time after the first step, long before max_iters=10
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "valid"] == [1]
+    assert records[-1]["split"] == "valid_full" and (tmp_path / "run" / "model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="max_minutes"):
+        tiny(tmp_path, max_minutes=0)
+
+
 def test_init_from_takes_weights_only_with_a_fresh_optimizer(tmp_path):
     train_lm(tiny(tmp_path), tmp_path / "base", quiet=True, plot=False)
     base = load_run(tmp_path / "base")[0]

@@ -38,7 +38,7 @@ def _train_losses(run):
 def test_run_directory_holds_everything(straight):
     run, summary = straight
     for name in ("config.json", "tokenizer.json", "model.safetensors", "last.safetensors", "last.pt",
-                 "best.safetensors", "metrics.jsonl", "curves.png", "results.json", "test.hyp"):
+                 "best.safetensors", "average.safetensors", "metrics.jsonl", "curves.png", "results.json", "test.hyp"):
         assert (run / name).is_file(), name
     assert len(list(run.glob("step_*.safetensors"))) == 2  # keep_checkpoints
     cfg = load_train_config(None, run_dir=run, resume=True)

@@ -98,6 +98,21 @@ def test_plain_lines_every_n_steps_and_at_the_end_without_a_terminal(monkeypatch
     assert lines[-1].endswith("eta 0:00:00")
 
 
+def test_eta_never_passes_the_time_budget(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(tlog, "time", clock)
+    by_steps = Progress(total=1000, log_every=0, log_seconds=0, stream=io.StringIO())
+    budget = Progress(total=1000, log_every=0, log_seconds=0, seconds_left=30.0, stream=io.StringIO())
+    for step in range(1, 11):
+        clock.now += 1.0
+        by_steps.update(step)
+        budget.update(step)
+    assert by_steps.eta_seconds == pytest.approx(990.0)  # 1 s a step, 990 steps to go
+    assert budget.eta_seconds == pytest.approx(20.0)  # 30 s of budget, 10 spent
+    clock.now += 100.0
+    assert budget.eta_seconds == 0.0
+
+
 def test_plain_lines_by_time(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(tlog, "time", clock)
