@@ -20,10 +20,6 @@ import torch
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 WEIGHTS_FILE = "model.safetensors"
-# Used when model.safetensors is absent (a run stopped before its end): the best, then the last checkpoint.
-FALLBACK_WEIGHTS = ("best.safetensors", "last.safetensors")
-
-
 class RunError(ValueError):
     """A run directory whose files do not belong together (a config, tokenizer and weights of different runs)."""
 
@@ -34,24 +30,6 @@ class InputTooLongError(ValueError):
     def __init__(self, message: str, index: int, n_tokens: int, limit: int) -> None:
         super().__init__(message)
         self.index, self.n_tokens, self.limit = index, n_tokens, limit
-
-
-# Weights a run directory may hold, by name: the final choice, the best and last checkpoints, and the
-# average of the last K checkpoints (Section 6.1). `qkv translate/eval mt --weights NAME` picks one.
-WEIGHT_NAMES = ("model", "best", "last", "average")
-
-
-def named_weights(run_dir: Path, weights: str | Path) -> Path:
-    """``model``/``best``/``last``/``average`` name a file of the run directory; anything else is a path."""
-    return run_dir / f"{weights}.safetensors" if str(weights) in WEIGHT_NAMES else Path(weights)
-
-
-def find_weights(run_dir: Path) -> Path | None:
-    """The weights a run is used with: ``model.safetensors``, else the best or last checkpoint."""
-    for name in (WEIGHTS_FILE, *FALLBACK_WEIGHTS):
-        if (run_dir / name).is_file():
-            return run_dir / name
-    return None
 
 
 def load_run_config(run_dir: str | Path) -> dict:
@@ -112,11 +90,11 @@ class Translator:
         from qkv.config import ConfigError, ModelConfig, from_dict
         from qkv.models.transformer import Transformer
         from qkv.tokenizers import TokenizerError, load_tokenizer
-        from qkv.training.checkpoint import CheckpointError, load_weights
+        from qkv.training.checkpoint import CheckpointError, load_weights, run_weights
 
         run_dir = Path(run_dir)
         data = load_run_config(run_dir)
-        weights_path = named_weights(run_dir, weights) if weights is not None else find_weights(run_dir)
+        weights_path = run_weights(run_dir, weights)
         missing = []
         if not (run_dir / TOKENIZER_FILE).is_file():
             missing.append(TOKENIZER_FILE)
@@ -254,5 +232,5 @@ class Translator:
         return best[0] if single else best
 
 
-__all__ = ["Translator", "RunError", "InputTooLongError", "find_weights", "load_run_config",
+__all__ = ["Translator", "RunError", "InputTooLongError", "load_run_config",
            "CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE"]

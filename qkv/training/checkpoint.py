@@ -41,6 +41,23 @@ STATE_VERSION = 1
 # Key of the checkpoint id in the safetensors metadata; the same id is stored in the state file.
 _ID_KEY = "qkv_checkpoint_id"
 
+# The weights a run directory may hold, by name: the trainer's final choice, the best and last
+# checkpoints, and the average of the last K (Section 6.1). `--weights NAME` picks one.
+RUN_WEIGHTS = ("model", "best", "last", "average")
+
+
+def run_weights(run_dir: str | Path, which: str | Path | None = None) -> Path | None:
+    """The weights file of a run: ``which`` names one of :data:`RUN_WEIGHTS` (anything else is a path).
+
+    ``None`` means the weights a run is used with: ``model``, else ``best``, else ``last`` (a run
+    stopped before its end); it gives None when there are none. A named file is returned even if absent.
+    """
+    run_dir = Path(run_dir)
+    if which is None:
+        return next((run_dir / f"{n}{WEIGHTS_SUFFIX}" for n in ("model", "best", "last")
+                     if (run_dir / f"{n}{WEIGHTS_SUFFIX}").is_file()), None)
+    return run_dir / f"{which}{WEIGHTS_SUFFIX}" if str(which) in RUN_WEIGHTS else Path(which)
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or loaded: missing, mismatched or inconsistent files."""

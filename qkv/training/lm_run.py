@@ -181,16 +181,17 @@ def load_recipe(run_dir: str | Path) -> LMRecipe:
 
 
 def weights_file(run_dir: str | Path, which: str = "model") -> Path:
-    """The weights to use: ``model`` (the export), ``best`` or ``last``; falls back to best, then last."""
-    run_dir = Path(run_dir)
-    names = {"model": MODEL_WEIGHTS, "best": BEST_WEIGHTS, "last": f"{LAST}.safetensors"}
+    """The weights to use: ``model`` (the export), ``best`` or ``last``; ``model`` falls back to best, then last."""
+    from qkv.training.checkpoint import run_weights
+
+    names = ("model", "best", "last")
     if which not in names:
         raise ValueError(f"weights must be one of {sorted(names)}, got {which!r}")
-    order = [names[which]] + [n for n in (MODEL_WEIGHTS, BEST_WEIGHTS, f"{LAST}.safetensors") if n != names[which]]
-    for name in order if which == "model" else order[:1]:
-        if (run_dir / name).is_file():
-            return run_dir / name
-    raise FileNotFoundError(f"{run_dir}: no weights ({', '.join(order if which == 'model' else order[:1])})")
+    path = run_weights(run_dir, None if which == "model" else which)
+    if path is None or not path.is_file():
+        tried = [f"{n}.safetensors" for n in (names if which == "model" else (which,))]
+        raise FileNotFoundError(f"{run_dir}: no weights ({', '.join(tried)})")
+    return path
 
 
 def load_run(run_dir: str | Path, device: str | None = None, which: str = "model") -> tuple[Any, Any, LMRecipe]:
