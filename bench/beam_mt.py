@@ -4,7 +4,9 @@ Same dims as bench/train_mt.py (d_model 256, 3+3 layers, 4 heads, d_ff 1024, voc
 weights, eval mode; 16 sources of 18-22 tokens decoded together with beam 4, 30 decoding steps each
 (qkv: a 30-token limit, where it forces the end token; HF: min_new_tokens = max_new_tokens = 30; with
 random weights the end token is as rare as any other of the 8,000, so both run all 30 steps), length
-penalty 0.6 for both. Sentences per second, medians of fresh alternating processes.
+penalty 0.6 for both. Sentences per second, medians of fresh alternating processes. ``qkv-aten`` is
+qkv with its linear maps on PyTorch's default kernels instead of oneDNN (how much of the lead is the
+kernel).
 
     python bench/beam_mt.py [--repeats 5] [--out bench/results/beam_mt.json]
 """
@@ -18,7 +20,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import linear_backend_for, median_of, run_alternating, time_steps, write_result  # noqa: E402
 from train_mt import D, FF, HEADS, LAYERS, PAD, VOCAB  # noqa: E402
 
 SOURCES, BEAM, NEW = 16, 4, 30
@@ -40,7 +42,7 @@ def worker(impl: str, reps: int) -> dict:
 
     torch.manual_seed(0)
     src = sources()
-    if impl == "qkv":
+    if linear_backend_for(impl) == "qkv":
         from qkv import ModelConfig, Transformer
         from qkv.generation.beam import beam_search
 
@@ -78,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="timed decodes per process")
-    ap.add_argument("--impls", default="qkv,marian")
+    ap.add_argument("--impls", default="qkv,marian,qkv-aten")
     ap.add_argument("--out", default="bench/results/beam_mt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -90,6 +92,9 @@ def main() -> None:
     result = {"benchmark": "beam search, beam 4, 16 sources of 18-22 tokens, 30 new tokens each", "summary": summary}
     if "qkv" in summary and "marian" in summary:
         result["ratio_qkv_over_marian"] = summary["qkv"]["sentences_per_s_median"] / summary["marian"]["sentences_per_s_median"]
+    if "qkv-aten" in summary and "marian" in summary:
+        result["ratio_qkv_aten_over_marian"] = (summary["qkv-aten"]["sentences_per_s_median"]
+                                                / summary["marian"]["sentences_per_s_median"])
     result["runs"] = runs
     write_result(args.out, result)
 

@@ -48,6 +48,20 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 20) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
+def linear_backend_for(impl: str) -> str:
+    """Set up an implementation name's linear kernels and return the model it builds.
+
+    ``qkv-aten`` is qkv with its linear maps on PyTorch's default kernels (``F.linear``) instead of
+    oneDNN: run beside ``qkv``, it shows how much of a lead comes from the kernel.
+    """
+    if impl == "qkv-aten":
+        from qkv.modules import linear
+
+        linear.set_backend("aten")
+        return "qkv"
+    return impl
+
+
 def time_steps(step: Callable[[], object], steps: int, warmup: int) -> list[float]:
     """Wall time of each of ``steps`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):

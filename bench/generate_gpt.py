@@ -2,7 +2,11 @@
 
 The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256, vocab 65) with random
 weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
-batch 1 and batch 8; qkv with and without its cache. fp32, eval mode, torch.inference_mode for both.
+batch 1 and batch 8; qkv with and without its cache, and with its linear maps on PyTorch's default
+kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel). fp32, eval mode,
+torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one
+matrix-vector product per weight and step with oneDNN's packed weights: what reading the weights
+costs, the bound no fp32 implementation on this machine gets under.
 
     python bench/generate_gpt.py [--repeats 5] [--out bench/results/generate_gpt.json]
 """
@@ -16,7 +20,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import linear_backend_for, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 VOCAB, CONTEXT, PROMPT, NEW = 65, 256, 16, 200
 
@@ -26,12 +30,12 @@ def worker(impl: str, batch: int, reps: int) -> dict:
 
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
-    if impl.startswith("qkv"):
+    if linear_backend_for(impl) == "qkv" or impl == "qkv-nocache":
         from qkv import GPT, preset
         from qkv.generation import generate
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
-        use_cache = impl == "qkv"
+        use_cache = impl != "qkv-nocache"
 
         def run():
             out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache)
@@ -48,6 +52,20 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             out = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
                                  use_cache=True, eos_token_id=None, pad_token_id=0)
             assert out.shape[1] == PROMPT + NEW
+    elif impl == "floor":
+        from qkv import GPT, preset
+        from qkv.modules.linear import Linear
+
+        model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+        layers = [m for m in model.modules() if isinstance(m, Linear)]
+        for m in layers:
+            m.pack(batch)
+        inputs = [torch.randn(batch, m.in_features) for m in layers]
+
+        def run():
+            for _ in range(NEW):
+                for m, x in zip(layers, inputs):
+                    m(x)
     else:
         raise ValueError(impl)
     with torch.inference_mode():
@@ -61,7 +79,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of fresh processes")
     ap.add_argument("--reps", type=int, default=3, help="timed generations per process")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--impls", default="qkv,hf,qkv-nocache")
+    ap.add_argument("--impls", default="qkv,hf,qkv-aten,qkv-nocache,floor")
     ap.add_argument("--out", default="bench/results/generate_gpt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
@@ -79,6 +97,10 @@ def main() -> None:
                    for impl, rs in runs.items()}
         if "qkv" in summary and "hf" in summary:
             summary["ratio_qkv_over_hf"] = summary["qkv"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
+        if "qkv-aten" in summary and "hf" in summary:
+            summary["ratio_qkv_aten_over_hf"] = summary["qkv-aten"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
+        if "floor" in summary and "hf" in summary:  # the most any fp32 implementation could gain on HF here
+            summary["ratio_floor_over_hf"] = summary["floor"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
         if "qkv" in summary and "qkv-nocache" in summary:
             summary["ratio_cache_over_nocache"] = (summary["qkv"]["tokens_per_s_median"]
                                                    / summary["qkv-nocache"]["tokens_per_s_median"])

@@ -46,17 +46,24 @@ def beam_mt(r: dict) -> str:
         rows.append(f"| {impl} | {v['sentences_per_s_median']:.1f} |")
     if "ratio_qkv_over_marian" in r:
         rows.append(f"| **qkv / Marian** | **{r['ratio_qkv_over_marian']:.2f}x** |")
+    if "ratio_qkv_aten_over_marian" in r:
+        rows.append(f"| qkv-aten / Marian | {r['ratio_qkv_aten_over_marian']:.2f}x |")
     return "\n".join([_header(r), "", *rows])
 
 
 def generate_gpt(r: dict) -> str:
-    rows = ["| batch | qkv (cache) | HF generate (cache) | qkv without cache | qkv / HF | cache / no cache |",
-            "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| batch | qkv (cache) | HF generate (cache) | qkv-aten (cache) | qkv without cache | weights floor "
+            "| qkv / HF | qkv-aten / HF | floor / HF | cache / no cache |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for batch, s in r["by_batch"].items():
         def tps(k):
             return f"{s[k]['tokens_per_s_median']:,.0f} tok/s ({s[k]['ms_per_step_median']:.1f} ms/step)" if k in s else "-"
-        rows.append(f"| {batch} | {tps('qkv')} | {tps('hf')} | {tps('qkv-nocache')} | "
-                    f"**{s.get('ratio_qkv_over_hf', float('nan')):.2f}x** | {s.get('ratio_cache_over_nocache', float('nan')):.1f}x |")
+
+        def ratio(k, digits=2):
+            return f"{s[k]:.{digits}f}x" if k in s else "-"
+        rows.append(f"| {batch} | {tps('qkv')} | {tps('hf')} | {tps('qkv-aten')} | {tps('qkv-nocache')} | {tps('floor')} "
+                    f"| **{ratio('ratio_qkv_over_hf')}** | {ratio('ratio_qkv_aten_over_hf')} | {ratio('ratio_floor_over_hf')} "
+                    f"| {ratio('ratio_cache_over_nocache', 1)} |")
     return "\n".join([_header(r), "", *rows])
 
 

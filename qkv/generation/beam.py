@@ -197,7 +197,7 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             logp = F.log_softmax(logits.float(), dim=-1)
             logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
             vocab = logp.shape[-1]
-            candidates = scores[:, :, None] + logp.view(n, k, vocab)  # (N, K, V)
+            candidates = logp.view(n, k, vocab).add_(scores[:, :, None])  # (N, K, V), in place: logp is ours
             # 2k candidates: even if k of them end with <eos>, k others can continue.
             top_scores, top_ids = candidates.view(n, k * vocab).topk(min(2 * k, k * vocab), dim=-1)  # (N, 2K)
             from_beam = torch.div(top_ids, vocab, rounding_mode="floor")  # (N, 2K)
@@ -230,7 +230,9 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             src_mask = src_mask[rows]
             memory = memory[rows] if not use_cache else None
             if use_cache:
-                model.reorder_cache(rows)
+                # Cross-attention keys and values are the same in all k rows of a sentence: they
+                # need to move only when sentences leave the batch.
+                model.reorder_cache(rows, cross=keep.shape[0] < n)
     finally:
         if use_cache:
             model.clear_cache()

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.modules.kv_cache import CachedDecoding, cache_length
 from qkv.modules.layers import DecoderLayer
+from qkv.modules.linear import Linear
 from qkv.modules.positional import build_positional
 
 
@@ -30,7 +31,7 @@ class GPT(CachedDecoding, nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, cross_attention=False, rope=rope) for i in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight

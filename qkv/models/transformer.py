@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -10,6 +11,7 @@ from torch import Tensor, nn
 from qkv.config import ModelConfig
 from qkv.modules.kv_cache import CachedDecoding, cache_length
 from qkv.modules.layers import DecoderLayer, EncoderLayer
+from qkv.modules.linear import Linear
 from qkv.modules.masks import padding_mask
 from qkv.modules.packing import Packing, packing_for
 from qkv.modules.positional import build_positional
@@ -39,7 +41,7 @@ class Transformer(CachedDecoding, nn.Module):
         final = cfg.use_final_norm
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
-        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
+        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
         self._init_weights()
         if cfg.tie_embeddings:
             self.generator.weight = self.embedding.weight
@@ -156,3 +158,11 @@ class Transformer(CachedDecoding, nn.Module):
         # The encoder never uses a cache: it sees the whole source at once.
         for layer in self.encoder_layers:
             layer.self_attn.cache = None
+
+    def stepwise_linears(self) -> Iterator[Linear]:
+        """The decoder's linear maps and the output projection: the encoder runs once per source, and
+        cross-attention's [W^Q; W^K; W^V] is used in slices (K and V once per source)."""
+        for part in (*self.decoder_layers, self.generator):
+            for name, m in part.named_modules():
+                if isinstance(m, Linear) and name != "cross_attn.in_proj":
+                    yield m

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.kv_cache import KVCache, StaticKV
+from qkv.modules.linear import Linear, linear
 from qkv.modules.masks import causal_mask, check_mask, combine
 from qkv.modules.packing import Packing
 from qkv.modules.positional import RotaryEmbedding
@@ -94,8 +95,8 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
         self.rope = rope
         # Where this module sits, for attention maps: "encoder_self", "decoder_self", "cross", "self".
@@ -154,7 +155,7 @@ class MultiHeadAttention(nn.Module):
             if isinstance(cache, KVCache):
                 k, v = cache.update(k, v)  # (B, H, offset + T, Dh)
         else:
-            q = F.linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
+            q = linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
             q = self._split_heads(packing.unpack(q) if packing is not None else q)  # (B, H, T, Dh)
             if isinstance(cache, StaticKV) and cache.filled:
                 k, v = cache.k, cache.v  # computed once per source, reused at every step
@@ -164,7 +165,7 @@ class MultiHeadAttention(nn.Module):
                     raise ValueError(
                         f"cross-attention: memory must be (B={b}, S, D={d}), got {tuple(memory.shape)}"
                     )
-                kv = F.linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
+                kv = linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
                 if packed_memory:
                     kv = memory_packing.unpack(kv)  # (B, S, 2D)
                 k, v = (self._split_heads(z) for z in kv.split(d, dim=-1))  # (B, H, S, Dh) each

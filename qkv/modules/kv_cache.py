@@ -8,8 +8,12 @@ allocated once (``setup``) so decoding allocates nothing per step.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 from torch import Tensor, nn
+
+from qkv.modules.linear import Linear, pack_linears, unpack_linears
 
 
 class KVCache(nn.Module):
@@ -134,10 +138,14 @@ def reset_caches(model: nn.Module) -> None:
             m.cache.reset()
 
 
-def reorder_caches(model: nn.Module, indices: Tensor) -> None:
-    """Keep the batch rows ``indices`` in every cache (beam search)."""
+def reorder_caches(model: nn.Module, indices: Tensor, cross: bool = True) -> None:
+    """Keep the batch rows ``indices`` in every cache (beam search).
+
+    ``cross=False`` leaves the cross-attention caches as they are: they hold keys and values of the
+    source, the same in every row of a sentence, so they need to move only when sentences leave.
+    """
     for m in _attention_modules(model):
-        if m.cache is not None:
+        if m.cache is not None and (cross or not isinstance(m.cache, StaticKV)):
             m.cache.reorder(indices)
 
 
@@ -163,12 +171,19 @@ class CachedDecoding:
     def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
         """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len)."""
         setup_caches(self, batch_size, max_len or self.cfg.max_len, dtype)
+        # Every step multiplies batch_size rows by these weights: lay them out for that once.
+        pack_linears(self.stepwise_linears(), batch_size)
 
     def reset_cache(self) -> None:
         reset_caches(self)
 
-    def reorder_cache(self, indices: Tensor) -> None:
-        reorder_caches(self, indices)
+    def reorder_cache(self, indices: Tensor, cross: bool = True) -> None:
+        reorder_caches(self, indices, cross)
 
     def clear_cache(self) -> None:
         clear_caches(self)
+        unpack_linears(self.stepwise_linears())
+
+    def stepwise_linears(self) -> Iterator[Linear]:
+        """The linear maps that every decoding step runs (default: all of the model's)."""
+        return (m for m in self.modules() if isinstance(m, Linear))

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.modules.linear import Linear
+
 # The projections of a qkv Transformer layer: attention's stacked [W^Q; W^K; W^V] and W^O, and the
 # feed-forward network's two matrices.
 DEFAULT_TARGETS: tuple[str, ...] = ("in_proj", "out_proj", "w_1", "w_2")
@@ -75,9 +77,9 @@ class LoRALinear(nn.Module):
         return self.base(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
 
     @torch.no_grad()
-    def merged(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with W + (alpha / r) B A folded in (requires_grad restored to True)."""
-        out = nn.Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
+    def merged(self) -> Linear:
+        """A plain linear layer with W + (alpha / r) B A folded in (requires_grad restored to True)."""
+        out = Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
                         device=self.base.weight.device, dtype=self.base.weight.dtype)
         out.weight.copy_(self.weight)
         if self.base.bias is not None:

@@ -1,0 +1,130 @@
+"""Linear maps y = x W^T + b; without autograd on a CPU, computed by oneDNN.
+
+Every projection of the Transformer (W^Q, W^K, W^V, W^O, the feed-forward network's W_1 and W_2,
+the pre-softmax projection) is a linear map, and on a CPU they are nearly all of the time. PyTorch's
+``F.linear`` sends fp32 to MKL; the same PyTorch build also carries oneDNN, whose fp32 kernels run
+inference-sized products faster on the AMD EPYC this project is measured on: about 2x for a decoding
+step (a matrix-vector product, bound by reading the weights), 1.1-1.3x for a few hundred rows. The
+results are the same up to fp32 rounding (another summation order), within F.linear's tolerances.
+
+Decoding reads every weight once per generated token, so ``Linear.pack(rows)`` also lays each weight
+out in oneDNN's blocked format for products with ``rows`` rows, once per generation (``setup_cache``
+calls it, ``clear_cache`` frees it). Packed weights are a second copy, used only while the weight is
+unchanged (its version counter is checked on every call).
+
+Training keeps ``F.linear``: oneDNN builds a kernel for every new row count, and batches of real
+tokens change it at every step, which made translation training slower and 40% larger in memory
+(bench/train_mt.py). Anything else that is not fp32 on a CPU (GPUs, bf16, autocast), a PyTorch
+without oneDNN, or ``QKV_LINEAR=aten`` in the environment also takes ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# oneDNN's fused linear, the op torch.compile's CPU backend emits for frozen linear layers. It is a
+# private op of the pinned torch; ``available()`` checks it once and everything falls back without it.
+_onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+_BACKENDS = ("onednn", "aten")
+_backend = os.environ.get("QKV_LINEAR", "onednn")
+if _backend not in _BACKENDS:
+    raise ValueError(f"QKV_LINEAR={_backend!r}: expected one of {', '.join(_BACKENDS)}")
+
+
+def set_backend(name: str) -> None:
+    """``"onednn"`` (the default where it exists) or ``"aten"`` (``F.linear`` everywhere), e.g. to compare them."""
+    global _backend
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown linear backend {name!r}; expected one of {', '.join(_BACKENDS)}")
+    _backend = name
+
+
+def backend() -> str:
+    """The backend fp32 CPU linear maps use now: ``"onednn"`` or ``"aten"``."""
+    return "onednn" if _backend == "onednn" and available() else "aten"
+
+
+_available: bool | None = None
+
+
+def available() -> bool:
+    """Whether this torch can run oneDNN's linear (an x86 or ARM build with mkldnn)."""
+    global _available
+    if _available is None:
+        _available = False
+        if _onednn_linear is not None and torch.backends.mkldnn.is_available():
+            try:
+                x, w = torch.ones(2, 3), torch.ones(4, 3)
+                _available = bool(torch.equal(_onednn_linear(x, w, None, "none", [], ""), F.linear(x, w)))
+            except RuntimeError:
+                pass
+    return _available
+
+
+def _use_onednn(x: Tensor, weight: Tensor) -> bool:
+    return (
+        _backend == "onednn"
+        and x.dtype == torch.float32 and weight.dtype == torch.float32
+        and x.device.type == "cpu" and weight.device.type == "cpu"
+        and x.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+        and available()
+    )
+
+
+def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``: (..., in) -> (..., out), on oneDNN when no gradient is needed.
+
+    Args:
+        packed: ``weight`` in oneDNN's blocked layout (from :meth:`Linear.pack`).
+    """
+    if _needs_grad(x, weight, bias) or not _use_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    return _onednn_linear(x, weight if packed is None else packed, bias, "none", [], "")
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) computed by :func:`linear`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._packed: tuple[int, Tensor] | None = None  # (the weight's version when packed, the packed weight)
+
+    def pack(self, rows: int) -> None:
+        """Lay the weight out for products with ``rows`` rows (any row count stays correct)."""
+        if _use_onednn(self.weight.new_empty(1, 1), self.weight):
+            w = self.weight.detach()
+            self._packed = (w._version, torch.ops.mkldnn._reorder_linear_weight(w, rows))
+
+    def unpack(self) -> None:
+        self._packed = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        packed = None
+        if self._packed is not None:
+            version, packed = self._packed
+            if version != self.weight._version:  # trained or loaded since: the packing is stale
+                self._packed, packed = None, None
+        return linear(x, self.weight, self.bias, packed)
+
+
+def pack_linears(layers: Iterable[Linear], rows: int) -> None:
+    """Pack each of ``layers`` for ``rows``-row products (decoding)."""
+    for m in layers:
+        m.pack(rows)
+
+
+def unpack_linears(layers: Iterable[Linear]) -> None:
+    """Free the packed weights."""
+    for m in layers:
+        m.unpack()
