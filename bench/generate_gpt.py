@@ -4,9 +4,9 @@ The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256
 weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
 batch 1 and batch 8; qkv with and without its cache, and with its linear maps on PyTorch's default
 kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel). fp32, eval mode,
-torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one
-matrix-vector product per weight and step with oneDNN's packed weights: what reading the weights
-costs, the bound no fp32 implementation on this machine gets under.
+torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one product
+per weight and step with oneDNN's packed weights: what qkv's step costs before attention, norms,
+activations and Python.
 
     python bench/generate_gpt.py [--repeats 5] [--out bench/results/generate_gpt.json]
 """

@@ -4,7 +4,7 @@ Every projection of the Transformer (W^Q, W^K, W^V, W^O, the feed-forward networ
 the pre-softmax projection) is a linear map, and on a CPU they are nearly all of the time. PyTorch's
 ``F.linear`` sends fp32 to MKL; the same PyTorch build also carries oneDNN, whose fp32 kernels run
 inference-sized products faster on the AMD EPYC this project is measured on: about 2x for a decoding
-step (a matrix-vector product, bound by reading the weights), 1.1-1.3x for a few hundred rows. The
+step (one matrix-vector product per weight), 1.1-1.3x for a few hundred rows. The
 results are the same up to fp32 rounding (another summation order), within F.linear's tolerances.
 
 Decoding reads every weight once per generated token, so ``Linear.pack(rows)`` also lays each weight
