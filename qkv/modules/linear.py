@@ -66,15 +66,18 @@ def available() -> bool:
     return _available
 
 
-def _use_onednn(x: Tensor, weight: Tensor) -> bool:
+def _onednn_takes(weight: Tensor) -> bool:
+    """Whether products with this weight go to oneDNN: fp32 on a CPU, no autocast, the backend chosen."""
     return (
         _backend == "onednn"
-        and x.dtype == torch.float32 and weight.dtype == torch.float32
-        and x.device.type == "cpu" and weight.device.type == "cpu"
-        and x.numel() > 0
+        and weight.dtype == torch.float32 and weight.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu")
         and available()
     )
+
+
+def _use_onednn(x: Tensor, weight: Tensor) -> bool:
+    return x.dtype == weight.dtype and x.device == weight.device and x.numel() > 0 and _onednn_takes(weight)
 
 
 def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -102,7 +105,7 @@ class Linear(nn.Linear):
 
     def pack(self, rows: int) -> None:
         """Lay the weight out for products with ``rows`` rows (any row count stays correct)."""
-        if _use_onednn(self.weight.new_empty(1, 1), self.weight):
+        if _onednn_takes(self.weight):
             w = self.weight.detach()
             self._packed = (w._version, torch.ops.mkldnn._reorder_linear_weight(w, rows))
 
