@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.kv_cache import KVCache, StaticKV
-from qkv.modules.linear import Linear, linear
+from qkv.modules.linear import Linear
 from qkv.modules.masks import causal_mask, check_mask, combine
 from qkv.modules.packing import Packing
 from qkv.modules.positional import RotaryEmbedding
@@ -155,7 +155,7 @@ class MultiHeadAttention(nn.Module):
             if isinstance(cache, KVCache):
                 k, v = cache.update(k, v)  # (B, H, offset + T, Dh)
         else:
-            q = linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
+            q = F.linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
             q = self._split_heads(packing.unpack(q) if packing is not None else q)  # (B, H, T, Dh)
             if isinstance(cache, StaticKV) and cache.filled:
                 k, v = cache.k, cache.v  # computed once per source, reused at every step
@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Module):
                     raise ValueError(
                         f"cross-attention: memory must be (B={b}, S, D={d}), got {tuple(memory.shape)}"
                     )
-                kv = linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
+                kv = F.linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
                 if packed_memory:
                     kv = memory_packing.unpack(kv)  # (B, S, 2D)
                 k, v = (self._split_heads(z) for z in kv.split(d, dim=-1))  # (B, H, S, Dh) each

@@ -1,21 +1,23 @@
-"""Linear maps y = x W^T + b; without autograd on a CPU, computed by oneDNN.
+"""Linear maps y = x W^T + b; in decoding steps on a CPU, computed by oneDNN on packed weights.
 
 Every projection of the Transformer (W^Q, W^K, W^V, W^O, the feed-forward network's W_1 and W_2,
-the pre-softmax projection) is a linear map, and on a CPU they are nearly all of the time. PyTorch's
-``F.linear`` sends fp32 to MKL; the same PyTorch build also carries oneDNN, whose fp32 kernels run
-inference-sized products faster on the AMD EPYC this project is measured on: about 2x for a decoding
-step (one matrix-vector product per weight), 1.1-1.3x for a few hundred rows. The
-results are the same up to fp32 rounding (another summation order), within F.linear's tolerances.
+the pre-softmax projection) is a linear map. A decoding step multiplies a few rows by every weight,
+so it costs what reading the weights costs. PyTorch's ``F.linear`` sends fp32 to MKL, which on the
+AMD EPYC this project is measured on does that at half the speed of oneDNN, the other library the
+same PyTorch build carries.
 
-Decoding reads every weight once per generated token, so ``Linear.pack(rows)`` also lays each weight
-out in oneDNN's blocked format for products with ``rows`` rows, once per generation (``setup_cache``
-calls it, ``clear_cache`` frees it). Packed weights are a second copy, used only while the weight is
-unchanged (its version counter is checked on every call).
+So ``Linear.pack(rows)`` lays each weight out in oneDNN's blocked format for products with ``rows``
+rows, once per generation (``setup_cache`` calls it for the weights a step uses, ``clear_cache``
+frees them). Products with a packed weight, without autograd, run on oneDNN. Their results are
+``F.linear``'s up to fp32 rounding (another summation order). A packed weight is a second copy, used
+only while the weight is unchanged (its version counter is checked on every call).
 
-Training keeps ``F.linear``: oneDNN builds a kernel for every new row count, and batches of real
-tokens change it at every step, which made translation training slower and 40% larger in memory
-(bench/train_mt.py). Anything else that is not fp32 on a CPU (GPUs, bf16, autocast), a PyTorch
-without oneDNN, or ``QKV_LINEAR=aten`` in the environment also takes ``F.linear``.
+Everything else takes ``F.linear``:
+- Training, where oneDNN builds a kernel for every new row count and batches of real tokens change
+  it at every step. That made translation training slower and 40% larger in memory
+  (docs/BENCHMARKS.md).
+- Anything that is not fp32 on a CPU (GPUs, bf16, autocast), a PyTorch without oneDNN, and
+  ``QKV_LINEAR=aten`` in the environment.
 """
 
 from __future__ import annotations
@@ -86,14 +88,15 @@ def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: (..., in) -> (..., out), on oneDNN when no gradient is needed.
+    """``F.linear(x, weight, bias)``: (..., in) -> (..., out), on oneDNN when ``weight`` comes ``packed``.
 
     Args:
-        packed: ``weight`` in oneDNN's blocked layout (from :meth:`Linear.pack`).
+        packed: ``weight`` in oneDNN's blocked layout (from :meth:`Linear.pack`); used when no
+            gradient is needed.
     """
-    if _needs_grad(x, weight, bias) or not _use_onednn(x, weight):
+    if packed is None or _needs_grad(x, weight, bias) or not _use_onednn(x, weight):
         return F.linear(x, weight, bias)
-    return _onednn_linear(x, weight if packed is None else packed, bias, "none", [], "")
+    return _onednn_linear(x, packed, bias, "none", [], "")
 
 
 class Linear(nn.Linear):

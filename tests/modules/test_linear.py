@@ -1,4 +1,4 @@
-"""qkv's Linear computes F.linear's function: on oneDNN without autograd, F.linear itself with it."""
+"""qkv's Linear computes F.linear's function: on oneDNN with packed weights in decoding, F.linear otherwise."""
 
 import pytest
 import torch
@@ -22,30 +22,34 @@ def test_backend_is_onednn_by_default():
     assert L.backend() == "onednn"
 
 
+@needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24), (1, 1, 24), (0, 24)])
-def test_matches_f_linear_without_autograd(bias, shape):
+def test_packed_matches_f_linear(bias, shape):
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(40, 24, generator=g)
-    b = torch.randn(40, generator=g) if bias else None
+    layer = Linear(24, 40, bias=bias)
     x = torch.randn(*shape, generator=g)
+    layer.pack(shape[0])
     with torch.no_grad():
-        y = linear(x, w, b)
-    ref = F.linear(x, w, b)
+        y = layer(x)
+    ref = F.linear(x, layer.weight, layer.bias)
     assert y.shape == ref.shape
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
-def test_onednn_is_what_runs_without_autograd(monkeypatch):
+def test_onednn_runs_only_with_a_packing_and_without_autograd(monkeypatch):
     calls = []
     real = L._onednn_linear
     monkeypatch.setattr(L, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
-    x, w = torch.randn(3, 5), torch.randn(4, 5, requires_grad=True)
+    layer, x = Linear(5, 4), torch.randn(3, 5)
     with torch.inference_mode():
-        linear(x, w)
-    assert calls == [1]
-    y = linear(x, w)  # autograd needs F.linear's graph
+        layer(x)  # not packed: F.linear
+        assert calls == []
+        layer.pack(3)
+        layer(x)
+        assert calls == [1]
+    y = layer(x)  # autograd needs F.linear's graph
     assert calls == [1] and y.requires_grad
 
 
