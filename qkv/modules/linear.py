@@ -2,9 +2,9 @@
 
 Every projection of the Transformer (W^Q, W^K, W^V, W^O, the feed-forward network's W_1 and W_2,
 the pre-softmax projection) is a linear map. A decoding step multiplies a few rows by every weight,
-so it costs what reading the weights costs. PyTorch's ``F.linear`` sends fp32 to MKL, which on the
-AMD EPYC this project is measured on does that at half the speed of oneDNN, the other library the
-same PyTorch build carries.
+so most of its time is spent in matrix-vector products. PyTorch's ``F.linear`` sends fp32 to MKL.
+On the AMD EPYC this project is measured on, MKL runs these products at half the speed of oneDNN,
+the other library the same PyTorch build carries.
 
 So ``Linear.pack(rows)`` lays each weight out in oneDNN's blocked format for products with ``rows``
 rows, once per generation (``setup_cache`` calls it for the weights a step uses, ``clear_cache``
