@@ -104,13 +104,16 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._packed: tuple[int, Tensor] | None = None  # (the weight's version when packed, the packed weight)
+        # (the weight's version when packed, the packed weight); the version is None for an inference
+        # tensor (made under torch.inference_mode), which keeps no version counter.
+        self._packed: tuple[int | None, Tensor] | None = None
 
     def pack(self, rows: int) -> None:
         """Lay the weight out for products with ``rows`` rows (any row count stays correct)."""
         if _onednn_takes(self.weight):
             w = self.weight.detach()
-            self._packed = (w._version, torch.ops.mkldnn._reorder_linear_weight(w, rows))
+            version = None if w.is_inference() else w._version
+            self._packed = (version, torch.ops.mkldnn._reorder_linear_weight(w, rows))
 
     def unpack(self) -> None:
         self._packed = None
@@ -119,7 +122,7 @@ class Linear(nn.Linear):
         packed = None
         if self._packed is not None:
             version, packed = self._packed
-            if version != self.weight._version:  # trained or loaded since: the packing is stale
+            if version is not None and version != self.weight._version:  # trained or loaded since: stale
                 self._packed, packed = None, None
         return linear(x, self.weight, self.bias, packed)
 

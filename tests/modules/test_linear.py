@@ -146,3 +146,16 @@ def test_translation_decoding_packs_only_what_each_step_runs():
     assert {"decoder_layers.0.self_attn.in_proj", "decoder_layers.0.cross_attn.out_proj",
             "decoder_layers.0.feed_forward.w_1"} <= packed
     assert not any(m._packed is not None for m in model.modules() if isinstance(m, Linear))
+
+
+def test_a_model_made_under_inference_mode_decodes():
+    # Inference tensors keep no version counter; packing them must still work.
+    from qkv.generation import generate
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = GPT(preset("tiny-gpt", dropout=0.0)).eval()
+        prompt = torch.randint(1, model.cfg.vocab_size, (2, 5))
+        cached = generate(model, prompt, 6, temperature=0)
+        uncached = generate(model, prompt, 6, temperature=0, use_cache=False)
+    assert cached == uncached
