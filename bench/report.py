@@ -67,6 +67,13 @@ def generate_gpt(r: dict) -> str:
     return "\n".join([_header(r), "", *rows])
 
 
+def gemv(r: dict) -> str:
+    rows = ["| kernel | ms per step (median) | GB/s of weights |", "|---|---:|---:|"]
+    for kernel, v in r["summary"].items():
+        rows.append(f"| {kernel} | {v['ms_median']:.2f} | {v['gb_per_s']:.1f} |")
+    return "\n".join([_header(r), "", *rows])
+
+
 def quality_mt(r: dict) -> str:
     c = r["cost"]
     rows = [f"{r['corpus']} {r['direction']}: {c['parameters']:,} parameters, {c['train_seconds'] / 60:.0f} min of "
@@ -80,7 +87,7 @@ def quality_mt(r: dict) -> str:
 
 
 RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
-          "generate_gpt": generate_gpt}
+          "generate_gpt": generate_gpt, "gemv": gemv}
 
 
 def main() -> None:
