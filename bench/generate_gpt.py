@@ -30,7 +30,8 @@ def worker(impl: str, batch: int, reps: int) -> dict:
 
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
-    if linear_backend_for(impl) == "qkv" or impl == "qkv-nocache":
+    model_kind = linear_backend_for(impl)  # qkv-aten builds qkv, on F.linear
+    if model_kind in ("qkv", "qkv-nocache"):
         from qkv import GPT, preset
         from qkv.generation import generate
 
@@ -54,12 +55,11 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             assert out.shape[1] == PROMPT + NEW
     elif impl == "floor":
         from qkv import GPT, preset
-        from qkv.modules.linear import Linear
+        from qkv.modules.linear import pack_linears
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
-        layers = [m for m in model.modules() if isinstance(m, Linear)]
-        for m in layers:
-            m.pack(batch)
+        layers = list(model.stepwise_linears())  # what setup_cache packs
+        pack_linears(layers, batch)
         inputs = [torch.randn(batch, m.in_features) for m in layers]
 
         def run():

@@ -20,6 +20,8 @@ import torch
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 WEIGHTS_FILE = "model.safetensors"
+
+
 class RunError(ValueError):
     """A run directory whose files do not belong together (a config, tokenizer and weights of different runs)."""
 
