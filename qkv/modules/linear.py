@@ -7,8 +7,9 @@ On the AMD EPYC this project is measured on, MKL runs these products at half the
 the other library the same PyTorch build carries.
 
 So ``Linear.pack(rows)`` lays each weight out in oneDNN's blocked format for products with ``rows``
-rows, once per generation (``setup_cache`` calls it for the weights a step uses, ``clear_cache``
-frees them). Products with a packed weight, without autograd, run on oneDNN. Their results are
+rows, the batch of a step, once per generation (``setup_cache`` calls it for the weights a step
+uses, ``clear_cache`` frees them). Products of exactly that many rows with a packed weight, without
+autograd, run on oneDNN. Their results are
 ``F.linear``'s up to fp32 rounding (another summation order). A packed weight is a second copy, used
 only while the weight is unchanged (its version counter is checked on every call).
 
@@ -104,16 +105,21 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # (the weight's version when packed, the packed weight); the version is None for an inference
-        # tensor (made under torch.inference_mode), which keeps no version counter.
-        self._packed: tuple[int | None, Tensor] | None = None
+        # (the weight's version when packed, the row count it is packed for, the packed weight); the
+        # version is None for an inference tensor (made under torch.inference_mode), which keeps none.
+        self._packed: tuple[int | None, int, Tensor] | None = None
 
     def pack(self, rows: int) -> None:
-        """Lay the weight out for products with ``rows`` rows (any row count stays correct)."""
+        """Lay the weight out for products with exactly ``rows`` rows; other row counts take ``F.linear``.
+
+        oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch
+        shrinks as sentences finish, every new count cost time and memory: translating a test set
+        grew the process by 300 MB. One row count per generation keeps that to one kernel per weight.
+        """
         if _onednn_takes(self.weight):
             w = self.weight.detach()
             version = None if w.is_inference() else w._version
-            self._packed = (version, torch.ops.mkldnn._reorder_linear_weight(w, rows))
+            self._packed = (version, rows, torch.ops.mkldnn._reorder_linear_weight(w, rows))
 
     def unpack(self) -> None:
         self._packed = None
@@ -121,9 +127,11 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         packed = None
         if self._packed is not None:
-            version, packed = self._packed
+            version, rows, packed = self._packed
             if version is not None and version != self.weight._version:  # trained or loaded since: stale
                 self._packed, packed = None, None
+            elif x.numel() != rows * x.shape[-1]:
+                packed = None
         return linear(x, self.weight, self.bias, packed)
 
 

@@ -1,5 +1,7 @@
 """qkv's Linear computes F.linear's function: on oneDNN with packed weights in decoding, F.linear otherwise."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +31,7 @@ def test_packed_matches_f_linear(bias, shape):
     g = torch.Generator().manual_seed(0)
     layer = Linear(24, 40, bias=bias)
     x = torch.randn(*shape, generator=g)
-    layer.pack(shape[0])
+    layer.pack(math.prod(shape[:-1]))  # the rows of the product
     with torch.no_grad():
         y = layer(x)
     ref = F.linear(x, layer.weight, layer.bias)
@@ -48,6 +50,8 @@ def test_onednn_runs_only_with_a_packing_and_without_autograd(monkeypatch):
         assert calls == []
         layer.pack(3)
         layer(x)
+        assert calls == [1]
+        layer(x[:2])  # another row count than the packing's: F.linear, no new oneDNN kernel
         assert calls == [1]
     y = layer(x)  # autograd needs F.linear's graph
     assert calls == [1] and y.requires_grad
