@@ -14,6 +14,8 @@ autograd, run on oneDNN. Their results are
 only while the weight is unchanged (its version counter is checked on every call).
 
 Everything else takes ``F.linear``:
+- Products of another row count than the packing's: a prompt's prefill, and the steps after some
+  sentences of a beam search have finished (see ``Linear.pack``).
 - Training, where oneDNN builds a kernel for every new row count and batches of real tokens change
   it at every step. That made translation training slower and 40% larger in memory
   (docs/BENCHMARKS.md).
