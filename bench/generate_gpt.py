@@ -3,7 +3,10 @@
 The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256, vocab 65) with random
 weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
 batch 1 and batch 8; qkv with and without its cache, and with its linear maps on PyTorch's default
-kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel). fp32, eval mode,
+kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel), and at batch 1 with its
+step compiled by torch.compile (``qkv-compile``; the compile is the untimed first call, whose time is
+recorded as ``first_call_s``; larger batches run eagerly under compile=True), against HF compiled the
+same way as HF documents it (``hf-compile``: a static cache and a compiled forward). fp32, eval mode,
 torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one product
 per weight and step with oneDNN's packed weights: what qkv's step costs before attention, norms,
 activations and Python.
@@ -31,27 +34,31 @@ def worker(impl: str, batch: int, reps: int) -> dict:
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     model_kind = linear_backend_for(impl)  # qkv-aten builds qkv, on F.linear
-    if model_kind in ("qkv", "qkv-nocache"):
+    if model_kind in ("qkv", "qkv-nocache", "qkv-compile"):
         from qkv import GPT, preset
         from qkv.generation import generate
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
-        use_cache = impl != "qkv-nocache"
+        use_cache, compile_ = impl != "qkv-nocache", impl == "qkv-compile"
 
         def run():
-            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache)
+            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_)
             assert all(len(o) == NEW for o in out)
-    elif impl == "hf":
+    elif impl in ("hf", "hf-compile"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         cfg = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
                          embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
         model = GPT2LMHeadModel(cfg).eval()
         mask = torch.ones_like(prompt)
+        static = {}
+        if impl == "hf-compile":  # HF's recipe for compiled decoding: a static cache and a compiled forward
+            model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)
+            static = {"cache_implementation": "static"}
 
         def run():
             out = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                                 use_cache=True, eos_token_id=None, pad_token_id=0)
+                                 use_cache=True, eos_token_id=None, pad_token_id=0, **static)
             assert out.shape[1] == PROMPT + NEW
     elif impl == "floor":
         from qkv import GPT, preset
@@ -69,9 +76,10 @@ def worker(impl: str, batch: int, reps: int) -> dict:
     else:
         raise ValueError(impl)
     with torch.inference_mode():
-        times = time_steps(run, reps, warmup=1)
+        first = time_steps(run, 1, warmup=0)[0]  # untimed warm-up; for qkv-compile, the compile
+        times = time_steps(run, reps, warmup=0)
     return {"impl": impl, "batch": batch, "tokens_per_s": batch * NEW / statistics.median(times),
-            "ms_per_step": 1000 * statistics.median(times) / NEW}
+            "ms_per_step": 1000 * statistics.median(times) / NEW, "first_call_s": first}
 
 
 def main() -> None:
@@ -79,7 +87,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of fresh processes")
     ap.add_argument("--reps", type=int, default=3, help="timed generations per process")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--impls", default="qkv,hf,qkv-aten,qkv-nocache,floor")
+    ap.add_argument("--impls", default="qkv,hf,qkv-compile,hf-compile,qkv-aten,qkv-nocache,floor")
     ap.add_argument("--out", default="bench/results/generate_gpt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
@@ -91,12 +99,20 @@ def main() -> None:
               "by_batch": {}}
     all_runs = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        impls = args.impls.split(",")
+        impls = [i for i in args.impls.split(",") if batch == 1 or not i.endswith("-compile")]  # batch 1 only
         runs = run_alternating(__file__, impls, args.repeats, ["--batch", str(batch), "--reps", str(args.reps)])
         summary = {impl: {"tokens_per_s_median": median_of(rs, "tokens_per_s"), "ms_per_step_median": median_of(rs, "ms_per_step")}
                    for impl, rs in runs.items()}
         if "qkv" in summary and "hf" in summary:
             summary["ratio_qkv_over_hf"] = summary["qkv"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
+        for impl in ("qkv-compile", "hf-compile"):
+            if impl in summary:
+                summary[impl]["first_call_s_median"] = median_of(runs[impl], "first_call_s")
+        if "qkv-compile" in summary:
+            for peer in ("hf", "hf-compile"):
+                if peer in summary:
+                    summary[f"ratio_qkv_compile_over_{peer.replace('-', '_')}"] = (
+                        summary["qkv-compile"]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
         if "qkv-aten" in summary and "hf" in summary:
             summary["ratio_qkv_aten_over_hf"] = summary["qkv-aten"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
         if "floor" in summary and "hf" in summary:  # the most any fp32 implementation could gain on HF here

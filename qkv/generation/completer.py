@@ -20,6 +20,7 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
+from qkv.generation.compiled import CompiledStep
 from qkv.generation.decode import generate
 from qkv.generation.sampling import check_sampling_args, next_token
 
@@ -31,21 +32,24 @@ class Completer:
         model: A :class:`qkv.models.gpt.GPT` (put in eval mode here).
         tokenizer: Its tokenizer (``encode``, ``decode``, ``eos_id``, ``bos_id``).
         start_text: What an empty prompt starts from; ``""`` means the ``<bos>`` token.
+        compile: Run batch-1 decoding steps as one compiled graph (``qkv.generation.compiled``).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, start_text: str = "\n") -> None:
+    def __init__(self, model: Any, tokenizer: Any, start_text: str = "\n", compile: bool = False) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.start_text = start_text
+        self.compile = compile
         self.device = next(model.parameters()).device
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str | None = None, weights: str = "model") -> Completer:
+    def from_run(cls, run_dir: str | Path, device: str | None = None, weights: str = "model",
+                 compile: bool = False) -> Completer:
         """Load the model, tokenizer and start text of a run directory (``qkv train lm`` or ``qkv finetune``)."""
         from qkv.training.lm_run import load_run
 
         model, tokenizer, recipe = load_run(run_dir, device=device, which=weights)
-        return cls(model, tokenizer, start_text=recipe.data.start)
+        return cls(model, tokenizer, start_text=recipe.data.start, compile=compile)
 
     @property
     def context(self) -> int:
@@ -122,9 +126,10 @@ class Completer:
         if max_new_tokens == 0:
             return ""
         try:
-            model.setup_cache(1, ctx)
+            model.setup_cache(1, ctx, pack=not self.compile)
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
+            step = CompiledStep(model, torch.ones(1, cached, dtype=torch.bool, device=self.device)) if self.compile else None
             for i in range(max_new_tokens):
                 tok = int(next_token(logits, temperature, top_k, top_p, gen)[0])
                 if eos is not None and tok == eos:
@@ -143,12 +148,14 @@ class Completer:
                         emitted = safe
                 if i == max_new_tokens - 1:
                     break
-                if cached < ctx:
-                    logits = model(torch.tensor([[tok]], device=self.device))[:, -1]  # one cached step
+                if cached < ctx:  # one cached step; the token goes to cache slot `cached`, its position
+                    new = torch.tensor([[tok]], device=self.device)  # (1, 1)
+                    logits = (model(new) if step is None else step(new, torch.tensor([[cached]], device=self.device), cached))[:, -1]
                     cached += 1
                 else:
                     # The window is full: drop the cache and recompute the last ctx tokens each step.
                     model.clear_cache()
+                    step = None
                     window = (ids + out)[-ctx:]
                     logits = model(torch.tensor([window], device=self.device))[:, -1]
         finally:
@@ -182,7 +189,7 @@ class Completer:
             self._check(len(p), max_new_tokens, False)
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed))
+                        eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed), compile=self.compile)
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:

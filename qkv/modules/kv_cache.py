@@ -30,6 +30,9 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.max_len = max_len
         self.length = 0
+        # Set by a compiled decoding step (qkv.generation.compiled): a (1,) tensor naming the slot the
+        # next position goes to, so that every step has the same shapes; see ``update``.
+        self.slot: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -46,8 +49,15 @@ class KVCache(nn.Module):
             k, v: (B, H, T, Dh) for the T new positions.
 
         Returns:
-            (B, H, length + T, Dh) keys and values (views of the buffers).
+            (B, H, length + T, Dh) keys and values (views of the buffers). With ``slot`` set, the one
+            new position is written at that slot and all ``max_len`` slots come back, (B, H, max_len,
+            Dh): shapes that never change, so one compiled graph serves every step. The caller's mask
+            then hides the slots not yet written, and ``length`` is left alone.
         """
+        if self.slot is not None:
+            self.k.index_copy_(2, self.slot, k)
+            self.v.index_copy_(2, self.slot, v)
+            return self.k, self.v
         b, h, t, dh = k.shape
         if (b, h, dh) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
             raise ValueError(
@@ -168,11 +178,15 @@ class CachedDecoding:
 
     cfg: object
 
-    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
-        """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len)."""
+    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                    pack: bool = True) -> None:
+        """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len).
+
+        ``pack=False`` skips laying out the weights for oneDNN, which compiled steps do not use.
+        """
         setup_caches(self, batch_size, max_len or self.cfg.max_len, dtype)
-        # Every step multiplies batch_size rows by these weights: lay them out for that once.
-        pack_linears(self.stepwise_linears(), batch_size)
+        if pack:  # every step multiplies batch_size rows by these weights: lay them out for that once
+            pack_linears(self.stepwise_linears(), batch_size)
 
     def reset_cache(self) -> None:
         reset_caches(self)

@@ -102,6 +102,19 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor
     return _onednn_linear(x, packed, bias, "none", [], "")
 
 
+def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """What a linear map becomes inside ``torch.compile`` (a compiled decoding step).
+
+    A single row is written as multiply-and-sum, which inductor turns into a vectorized loop over the
+    rows of W: 1.3 ms for a GPT step's 24 products at the nanoGPT config, where ``F.linear`` lowers
+    to MKL's matrix-vector product (4.2 ms) and oneDNN's packed weights take 2.7 ms (bench/gemv.py).
+    """
+    if x.numel() != x.shape[-1]:
+        return F.linear(x, weight, bias)
+    y = (x.unsqueeze(-2) * weight).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
+    return y if bias is None else y + bias
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) computed by :func:`linear`."""
 
@@ -127,6 +140,8 @@ class Linear(nn.Linear):
         self._packed = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return compiled_linear(x, self.weight, self.bias)
         packed = None
         if self._packed is not None:
             version, rows, packed = self._packed

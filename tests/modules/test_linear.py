@@ -163,3 +163,12 @@ def test_a_model_made_under_inference_mode_decodes():
         cached = generate(model, prompt, 6, temperature=0)
         uncached = generate(model, prompt, 6, temperature=0, use_cache=False)
     assert cached == uncached
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (1, 1, 24), (3, 24), (2, 3, 24)])
+def test_the_compiled_form_computes_f_linear(bias, shape):
+    # What Linear traces to under torch.compile: multiply-and-sum for one row, F.linear otherwise.
+    m = Linear(24, 10, bias=bias)
+    x = torch.randn(shape)
+    torch.testing.assert_close(L.compiled_linear(x, m.weight, m.bias), F.linear(x, m.weight, m.bias), atol=1e-6, rtol=0)

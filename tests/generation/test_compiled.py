@@ -1,0 +1,85 @@
+"""The compiled decoding step gives the eager model's logits and tokens (qkv.generation.compiled)."""
+
+import shutil
+
+import pytest
+import torch
+import torch._dynamo
+
+from qkv import GPT, preset
+from qkv.generation.compiled import CompiledStep
+from qkv.generation.completer import Completer
+from qkv.generation.decode import generate, left_pad
+from qkv.tokenizers.char import CharTokenizer
+
+pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                reason="torch.compile's CPU backend needs a C++ compiler")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    # Every test compiles its own model; without a reset, Dynamo's limit on recompilations would
+    # quietly send later tests down the eager path and they would test nothing.
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_frames() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope", "sinusoidal"])
+def test_compiled_steps_give_the_uncached_logits_for_left_padded_prompts(positional):
+    m = GPT(preset("tiny-gpt", positional=positional)).eval()
+    ids, real = left_pad([[5, 6, 7, 8, 9], [11, 12]], pad_id=0)  # (2, 5) each
+    new = torch.randint(1, 64, (2, 4))
+    positions = real.long().cumsum(-1) - 1  # (2, 5): -1 on the pads
+    with torch.no_grad():
+        m.setup_cache(2, 12)
+        m(ids, mask=real[:, None, None, :], positions=positions.clamp(min=0))  # prefill slots 0..4
+        step = CompiledStep(m, real)
+        pos = positions[:, -1:]
+        got = []
+        for i in range(4):
+            pos = pos + 1
+            got.append(step(new[:, i:i + 1], pos, 5 + i))  # (2, 1, V)
+        m.clear_cache()
+        # The reference: every row alone, uncached, without padding.
+        for row, prompt in enumerate([[5, 6, 7, 8, 9], [11, 12]]):
+            full = m(torch.tensor([prompt + new[row].tolist()]))[0, -4:]  # (4, V)
+            torch.testing.assert_close(torch.cat(got, 1)[row], full, atol=1e-5, rtol=0)
+    assert compiled_frames() == 1  # one graph for every step
+
+
+def test_generate_compiled_equals_eager_greedy_and_sampled():
+    m = GPT(preset("tiny-gpt")).eval()
+    prompt = [[3, 1, 4, 1, 5]]
+    assert generate(m, prompt, 20, temperature=0, compile=True) == generate(m, prompt, 20, temperature=0)
+    seeded = lambda c: generate(m, prompt, 20, temperature=1.0, top_k=20, compile=c,  # noqa: E731
+                                generator=torch.Generator().manual_seed(7))
+    assert seeded(True) == seeded(False)
+    assert compiled_frames() == 1
+    # A batch of several prompts stays eager (oneDNN's packed weights are faster there).
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6]]
+    assert generate(m, prompts, 10, temperature=0, compile=True) == generate(m, prompts, 10, temperature=0)
+    assert compiled_frames() == 1
+
+
+def test_compile_needs_the_cache():
+    m = GPT(preset("tiny-gpt")).eval()
+    with pytest.raises(ValueError, match="needs use_cache=True"):
+        generate(m, [[1, 2]], 3, use_cache=False, compile=True)
+
+
+def test_completer_compiled_equals_eager_also_when_the_window_slides():
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
+    model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=24))
+    eager, compiled = Completer(model, tok), Completer(model, tok, compile=True)
+    assert compiled.complete("the cat", max_new_tokens=15, temperature=0) == eager.complete(
+        "the cat", max_new_tokens=15, temperature=0)
+    long = "the quick brown fox"  # 19 tokens: the window fills after 5 compiled steps, then slides
+    assert compiled.complete(long, max_new_tokens=12, temperature=0, sliding_window=True) == eager.complete(
+        long, max_new_tokens=12, temperature=0, sliding_window=True)
+    assert compiled_frames() >= 1
