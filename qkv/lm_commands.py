@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default="model", choices=["model", "best", "last"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     p.add_argument("--compile", action="store_true",
-                   help="compile the one-prompt decoding step with torch.compile: about twice as fast on a CPU, "
+                   help="compile the one-prompt decoding step with torch.compile: 2-3x faster steps on a CPU, "
                         "after seconds of compiling (needs a C++ compiler)")
     p.set_defaults(func=_generate)
 

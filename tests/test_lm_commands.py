@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import qkv.cli
+from qkv.generation.compiled import cpu_compiler_available
 from qkv.lm_commands import command_group, register
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
@@ -56,6 +57,20 @@ def test_generate_streams_the_prompt_and_its_continuation(run, capsys):
     assert out.startswith("All:") and out.endswith("\n") and len(out) > len("All:\n")
     assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "12", "--seed", "1"]) == 0
     assert capsys.readouterr().out == out
+
+
+@pytest.mark.skipif(not cpu_compiler_available(),
+                    reason="torch.compile's CPU backend needs a C++ compiler")
+def test_generate_compile_prints_what_eager_generation_prints(run, capsys):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "20", "--temperature", "0"]) == 0
+    eager = capsys.readouterr().out
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "20", "--temperature", "0", "--compile"]) == 0
+    assert capsys.readouterr().out == eager
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    torch._dynamo.reset()
 
 
 def test_generate_reads_stdin_lines_and_writes_one_line_each(run, capsys, monkeypatch):

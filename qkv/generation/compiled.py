@@ -3,19 +3,22 @@
 At batch 1 a step multiplies one vector by every weight and runs some 200 small operations around
 those products (LayerNorms, GELU, residual adds, splitting heads, attention over the cache). Eager
 PyTorch dispatches each of them from Python, which costs about as much as the products. Compiled
-(inductor), a layer is two C++ loops around one attention call, the products read the weights near
-memory speed (``qkv.modules.linear.compiled_linear``), and the step is one call.
+(inductor), a layer is a few fused C++ loops, attention included, the products read the weights
+near memory speed (``qkv.modules.linear.compiled_linear``), and the step is one call.
 
 One graph must serve every step, so a step has fixed shapes: each KV cache writes the new position
 at the slot a (1,) tensor names (``KVCache.slot``) and attention reads all of the cache's slots
 through a key mask that hides the ones not yet written. Positions come as a tensor too. The prompt
 is still prefilled by the eager model, whose cache path writes slots 0 .. T-1.
 
-The first call compiles (tens of seconds; inductor keeps its kernels on disk, so later processes
-take a few). Results equal the eager model's up to fp32 rounding: the products sum in another order.
+The first call compiles: ~17 s at the nanoGPT config, ~5 s once inductor's disk cache holds the
+kernels (docs/BENCHMARKS.md). Logits equal the eager model's up to fp32 rounding: the products sum
+in another order.
 """
 
 from __future__ import annotations
+
+import shutil
 
 import torch
 from torch import Tensor
@@ -28,6 +31,23 @@ from qkv.modules.kv_cache import KVCache
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 0, "realize_cpu_opcount_threshold": 0, "realize_reads_threshold": 1}
 
 
+def cpu_compiler_available() -> bool:
+    """Whether inductor's CPU backend has a C++ compiler (it writes and builds C++ for CPU graphs)."""
+    from torch._inductor import cpp_builder
+
+    try:
+        return shutil.which(cpp_builder.get_cpp_compiler()) is not None
+    except (RuntimeError, OSError):
+        return False
+
+
+def check_can_compile(device: torch.device) -> None:
+    """A clear error, before any work, where a decoding step cannot be compiled."""
+    if device.type == "cpu" and not cpu_compiler_available():
+        raise ValueError("compiling the decoding step on a CPU needs a C++ compiler (g++ or clang++), and none "
+                         "was found; install one, or generate without compiling")
+
+
 class CompiledStep:
     """Feed one token per row through ``model`` (a GPT whose prompt is prefilled) in a compiled graph.
 
@@ -38,6 +58,7 @@ class CompiledStep:
     """
 
     def __init__(self, model: torch.nn.Module, prompt: Tensor) -> None:
+        check_can_compile(prompt.device)
         caches = [m for m in model.modules() if isinstance(m, KVCache)]
         if not caches:
             raise ValueError("CompiledStep needs a model with caches set up (model.setup_cache)")

@@ -20,7 +20,7 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
-from qkv.generation.compiled import CompiledStep
+from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.decode import generate
 from qkv.generation.sampling import check_sampling_args, next_token
 
@@ -41,6 +41,8 @@ class Completer:
         self.start_text = start_text
         self.compile = compile
         self.device = next(model.parameters()).device
+        if compile:
+            check_can_compile(self.device)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: str | None = None, weights: str = "model",

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from qkv.generation.compiled import CompiledStep
+from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -57,7 +57,7 @@ def generate(
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         on_step: called with the (B,) new tokens after every step (for streaming).
         compile: at batch 1, run the steps after the prompt as one compiled graph
-            (``qkv.generation.compiled``): twice as fast on a CPU, after seconds of compiling. Larger
+            (``qkv.generation.compiled``): steps 2-3x faster on a CPU, after seconds of compiling. Larger
             batches stay eager, where oneDNN's packed weights are faster. Needs the cache.
 
     Returns:
@@ -66,6 +66,8 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     if compile and not use_cache:
         raise ValueError("compile=True compiles the cached decoding step; it needs use_cache=True")
+    if compile:
+        check_can_compile(next(model.parameters()).device)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device

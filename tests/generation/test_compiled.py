@@ -1,18 +1,16 @@
 """The compiled decoding step gives the eager model's logits and tokens (qkv.generation.compiled)."""
 
-import shutil
-
 import pytest
 import torch
 import torch._dynamo
 
 from qkv import GPT, preset
-from qkv.generation.compiled import CompiledStep
+from qkv.generation.compiled import CompiledStep, cpu_compiler_available
 from qkv.generation.completer import Completer
 from qkv.generation.decode import generate, left_pad
 from qkv.tokenizers.char import CharTokenizer
 
-pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+pytestmark = pytest.mark.skipif(not cpu_compiler_available(),
                                 reason="torch.compile's CPU backend needs a C++ compiler")
 
 
@@ -67,10 +65,13 @@ def test_generate_compiled_equals_eager_greedy_and_sampled():
     assert compiled_frames() == 1
 
 
-def test_compile_needs_the_cache():
+def test_compile_needs_the_cache_and_a_compiler(monkeypatch):
     m = GPT(preset("tiny-gpt")).eval()
     with pytest.raises(ValueError, match="needs use_cache=True"):
         generate(m, [[1, 2]], 3, use_cache=False, compile=True)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        generate(m, [[1, 2]], 3, compile=True)
 
 
 def test_completer_compiled_equals_eager_also_when_the_window_slides():
