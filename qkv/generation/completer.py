@@ -131,7 +131,8 @@ class Completer:
             model.setup_cache(1, ctx, pack=not self.compile)
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
-            step = CompiledStep(model, torch.ones(1, cached, dtype=torch.bool, device=self.device)) if self.compile else None
+            prompt = torch.ones(1, cached, dtype=torch.bool, device=self.device)  # (1, T): no padding
+            step = CompiledStep(model, prompt) if self.compile else None
             for i in range(max_new_tokens):
                 tok = int(next_token(logits, temperature, top_k, top_p, gen)[0])
                 if eos is not None and tok == eos:
@@ -152,7 +153,10 @@ class Completer:
                     break
                 if cached < ctx:  # one cached step; the token goes to cache slot `cached`, its position
                     new = torch.tensor([[tok]], device=self.device)  # (1, 1)
-                    logits = (model(new) if step is None else step(new, torch.tensor([[cached]], device=self.device), cached))[:, -1]
+                    if step is None:
+                        logits = model(new)[:, -1]
+                    else:
+                        logits = step(new, torch.tensor([[cached]], device=self.device), cached)[:, -1]
                     cached += 1
                 else:
                     # The window is full: drop the cache and recompute the last ctx tokens each step.
