@@ -66,11 +66,11 @@ def generate(
     check_sampling_args(temperature, top_k, top_p)
     if compile and not use_cache:
         raise ValueError("compile=True compiles the cached decoding step; it needs use_cache=True")
-    if compile:
-        check_can_compile(next(model.parameters()).device)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device
+    if compile:
+        check_can_compile(device)
     if isinstance(prompts, Tensor):
         prompts = prompts.tolist()
     ids, real = left_pad(prompts, pad_id, device)  # (B, T) each
