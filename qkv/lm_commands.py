@@ -79,6 +79,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval_lm)
 
+    conv = command_group(subparsers, "convert", "bring a model from another library into a qkv run")
+    p = conv.add_parser("gpt2", help="a Hugging Face GPT-2 and GPT-2's tokenizer as a qkv GPT run",
+                        description="Write a run directory that qkv generate and qkv eval lm --text use like "
+                                    "any other (needs qkv[hf,gpt2]).")
+    p.add_argument("--from", dest="source", required=True,
+                   help="a model name to download (gpt2, gpt2-medium, ...) or a save_pretrained folder")
+    p.add_argument("--run", required=True, help="the new run directory")
+    p.set_defaults(func=_convert_gpt2)
+
 
 # ----------------------------------------------------------------------------------------------
 
@@ -169,6 +178,16 @@ def _finetune(args: argparse.Namespace) -> int:
                       data_spec=args.data)
     print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.before,
                       "after": result.after, "train_seconds": round(result.train_seconds, 1)}))
+    return 0
+
+
+def _convert_gpt2(args: argparse.Namespace) -> int:
+    from qkv.training.lm_run import convert_gpt2_run, load_run
+
+    run = convert_gpt2_run(args.source, args.run)
+    model, tokenizer, _ = load_run(run, device="cpu")
+    print(json.dumps({"run": str(run), "parameters": sum(p.numel() for p in model.parameters()),
+                      "vocab_size": tokenizer.vocab_size, "context": model.cfg.max_len}))
     return 0
 
 

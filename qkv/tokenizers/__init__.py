@@ -1,16 +1,18 @@
 """Tokenizers: text <-> token ids, the interface every tokenizer of qkv shares, and loading a saved one.
 
-Two implementations, with the same interface (:class:`Tokenizer`):
+Three implementations, with the same interface (:class:`Tokenizer`):
 
 - :class:`~qkv.tokenizers.char.CharTokenizer`: one id per character (nanoGPT's Shakespeare, Tang poems).
 - :class:`~qkv.tokenizers.bpe.BPETokenizer`: a joint source/target BPE (the paper's Section 5.1 uses a
   shared source-target vocabulary of about 37,000 tokens), or byte-level BPE for a GPT; built on the
   ``tokenizers`` library, which is imported only when a BPE tokenizer is used.
+- :class:`~qkv.tokenizers.gpt2.GPT2Tokenizer`: GPT-2's own BPE through ``tiktoken``, for models
+  converted from GPT-2; its one special token, ``<|endoftext|>``, keeps GPT-2's id 50256.
 
 Special tokens sit at fixed ids in every tokenizer that has them, so models and batching code can rely
-on them: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3.
+on them: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3 (GPT-2's tokenizer keeps GPT-2's ids).
 
-Both save to ``DIR/tokenizer.json``; :func:`load_tokenizer` reads the file and picks the class.
+All save to ``DIR/tokenizer.json``; :func:`load_tokenizer` reads the file and picks the class.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         from qkv.tokenizers.char import CharTokenizer
 
         return CharTokenizer.load(path)
+    if isinstance(data, dict) and data.get("qkv_tokenizer") == "tiktoken":
+        from qkv.tokenizers.gpt2 import GPT2Tokenizer
+
+        return GPT2Tokenizer.load(path)
     if isinstance(data, dict) and "model" in data:  # the `tokenizers` library's format
         from qkv.tokenizers.bpe import BPETokenizer
 

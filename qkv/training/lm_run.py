@@ -12,7 +12,8 @@ One directory holds everything needed to use or continue a language model (DESIG
     metrics.jsonl       one JSON object per logged event
     curves.png          loss and learning rate against step
 
-A fine-tuning run (``qkv finetune``) has the same layout plus ``finetune.json``.
+A fine-tuning run (``qkv finetune``) has the same layout plus ``finetune.json``. A run converted from
+GPT-2 (``qkv convert gpt2``) holds config.json, tokenizer.json (+ tokenizer.bpe) and model.safetensors.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ class LMDataConfig:
         corpus: A registered text corpus (``qkv data list``), used when ``path`` is empty.
         path: A UTF-8 text file to train on instead of a registered corpus.
         data_dir: Where to look for corpora first (see ``qkv.data.corpora``).
-        tokenizer: ``"char"`` (one id per character) or ``"bytelevel"`` (byte-level BPE).
+        tokenizer: ``"char"`` (one id per character), ``"bytelevel"`` (byte-level BPE trained on the
+            corpus) or ``"gpt2"`` (GPT-2's own BPE, ``qkv.tokenizers.gpt2``; e.g. to keep training a
+            model converted from GPT-2).
         vocab_size: BPE vocabulary size (``bytelevel`` only).
         vocab_extra: More text the vocabulary must cover without training on it, e.g. the fine-tuning
             corpus: registered corpus names, ``NAME:SPLIT`` for both sides of a parallel corpus, or
@@ -64,10 +67,10 @@ class LMDataConfig:
     start: str = "\n"
 
     def __post_init__(self) -> None:
-        if self.tokenizer not in ("char", "bytelevel"):
+        if self.tokenizer not in ("char", "bytelevel", "gpt2"):
             from qkv.config import ConfigError
 
-            raise ConfigError(f"data.tokenizer must be 'char' or 'bytelevel', got {self.tokenizer!r}")
+            raise ConfigError(f"data.tokenizer must be 'char', 'bytelevel' or 'gpt2', got {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)
@@ -216,3 +219,41 @@ def load_run(run_dir: str | Path, device: str | None = None, which: str = "model
     load_weights(weights_file(run_dir, which), model)
     model.eval()
     return model, tokenizer, recipe
+
+
+def convert_gpt2_run(source: str | Path, run_dir: str | Path) -> Path:
+    """Write a run directory holding a Hugging Face GPT-2 (``GPT2LMHeadModel``) and GPT-2's tokenizer.
+
+    ``qkv generate`` and ``qkv eval lm --text FILE`` then use it as any run. It holds no pretraining
+    corpus, which ``qkv finetune`` needs for its before/after scores. The tokenizer comes from
+    ``merges.txt`` and ``vocab.json`` in ``source`` when it is a folder that has them, else from
+    tiktoken (``qkv.tokenizers.gpt2``).
+
+    Args:
+        source: a model name Hugging Face can load (downloads it) or a folder saved by ``save_pretrained``.
+        run_dir: the new run directory (it must not hold a run yet).
+    """
+    from transformers import GPT2LMHeadModel
+
+    from qkv.config import save_json
+    from qkv.models.convert import gpt_from_hf
+    from qkv.tokenizers.gpt2 import GPT2Tokenizer
+    from qkv.training.checkpoint import save_weights
+
+    run_dir, folder = Path(run_dir), Path(source)
+    if (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{run_dir} already holds a run; pick another --run")
+    if (folder / "merges.txt").is_file() and (folder / "vocab.json").is_file():
+        tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
+    else:
+        tokenizer = GPT2Tokenizer.from_tiktoken()
+    model = gpt_from_hf(GPT2LMHeadModel.from_pretrained(str(source)))
+    if model.cfg.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"{source}: the model has {model.cfg.vocab_size} token embeddings, GPT-2's tokenizer "
+                         f"{tokenizer.vocab_size} ids")
+    recipe = LMRecipe(model=model.cfg, data=LMDataConfig(corpus="", tokenizer="gpt2", start=""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir)
+    save_json(recipe, run_dir / CONFIG_FILE)
+    save_weights(run_dir / MODEL_WEIGHTS, model, metadata={"converted_from": str(source)})
+    return run_dir

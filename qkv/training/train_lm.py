@@ -129,7 +129,12 @@ def vocabulary_texts(cfg: LMDataConfig) -> list[str]:
 
 
 def build_tokenizer(cfg: LMDataConfig, texts: Sequence[str]) -> Any:
-    """A character or byte-level BPE tokenizer over ``texts``, with ``<pad> <bos> <eos> <unk>`` at 0-3."""
+    """A character or byte-level BPE tokenizer over ``texts``, with ``<pad> <bos> <eos> <unk>`` at 0-3,
+    or GPT-2's own (``gpt2``: nothing to learn, and GPT-2's ids)."""
+    if cfg.tokenizer == "gpt2":
+        from qkv.tokenizers.gpt2 import GPT2Tokenizer
+
+        return GPT2Tokenizer.from_tiktoken()
     if cfg.tokenizer == "char":
         from qkv.tokenizers.char import CharTokenizer
 
