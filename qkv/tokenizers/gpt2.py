@@ -141,7 +141,8 @@ class GPT2Tokenizer:
         return [eot] * add_bos + self.encoding.encode_ordinary(text) + [eot] * add_eos
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
-        return [self.encode(t, add_bos, add_eos) for t in texts]
+        eot = self.encoding.eot_token
+        return [[eot] * add_bos + ids + [eot] * add_eos for ids in self.encoding.encode_ordinary_batch(list(texts))]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """The text of ``ids``; a token that ends inside a UTF-8 character decodes to U+FFFD."""
