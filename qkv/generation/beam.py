@@ -134,7 +134,7 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
                 alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
                 memory = memory[keep]
                 if use_cache:
-                    model.reorder_cache(keep)
+                    model.reorder_cache(keep, sources=keep)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
     finally:
         if use_cache:
@@ -174,9 +174,10 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
     memory = model.encode(src, src_mask)  # (B, S, D)
     limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
     steps = int(limits.max()) if b else 0
-    # Every sentence has k rows, one per hypothesis: row i * k + j is hypothesis j of sentence i.
-    memory = memory.repeat_interleave(k, dim=0)  # (B * K, S, D)
-    src_mask = src_mask.repeat_interleave(k, dim=0)  # (B * K, 1, 1, S)
+    # Every sentence has k rows, one per hypothesis: row i * k + j is hypothesis j of sentence i. The
+    # k rows share one copy of the source (memory and src_mask stay (B, ...)): cross-attention lets
+    # consecutive groups of k rows attend to one row of memory, so its keys and values are computed
+    # and read once per sentence.
     tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (N * K, t + 1)
     # Cumulative log-probabilities; all hypotheses start as the same empty one, so only the first
     # may expand at step 0 (or the beam would fill with k copies of the same token).
@@ -227,12 +228,11 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             tokens = torch.cat([tokens[rows], next_tokens[keep].reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
             scores = alive_scores[keep]
             sentences = sentences[keep]
-            src_mask = src_mask[rows]
-            memory = memory[rows] if not use_cache else None
+            if keep.shape[0] < n:  # sentences left: their sources go too
+                src_mask = src_mask[keep]
+                memory = memory[keep] if not use_cache else None
             if use_cache:
-                # Cross-attention keys and values are the same in all k rows of a sentence: they
-                # need to move only when sentences leave the batch.
-                model.reorder_cache(rows, cross=keep.shape[0] < n)
+                model.reorder_cache(rows, sources=keep if keep.shape[0] < n else None)
     finally:
         if use_cache:
             model.clear_cache()

@@ -101,8 +101,9 @@ class Transformer(CachedDecoding, nn.Module):
         Args:
             tgt: (B, T) target ids (shifted right behind <bos>); with a cache, only the new positions.
             memory: (B, S, D) encoder output (may be None once a cache holds the cross-attention K/V),
-                or (N_s, D) packed by ``memory_packing``.
-            src_mask: (B, 1, 1, S) source padding mask.
+                or (N_s, D) packed by ``memory_packing``, or (B / g, S, D) for groups of g consecutive
+                rows of ``tgt`` that share a source (the hypotheses of a beam search).
+            src_mask: (B, 1, 1, S) source padding mask; (B / g, 1, 1, S) with grouped memory.
             tgt_mask: optional (B, 1, 1, L) key padding mask for decoder self-attention. Causality is
                 always applied; right padding needs no mask (real tokens never look right).
             keep: optional (B, T) bool: score only these positions (the ones the loss counts). The

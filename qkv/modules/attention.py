@@ -82,6 +82,13 @@ def scaled_dot_product_attention(
     return out, None
 
 
+def _ungroup(x: Tensor, groups: int) -> Tensor:
+    """(B / g, H, g T, X) attention of grouped queries -> (B, H, T, X), one row per query row."""
+    n, h, gt, last = x.shape
+    x = x.view(n, h, groups, gt // groups, last).transpose(1, 2)  # (B / g, g, H, T, X)
+    return x.reshape(n * groups, h, gt // groups, last)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -124,8 +131,12 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             x: (B, T, D) queries' input.
-            memory: (B, S, D) encoder output for cross-attention; None for self-attention.
-            mask: bool, broadcastable to (B, H, T, L), covering all L keys (cached ones included).
+            memory: (B, S, D) encoder output for cross-attention; None for self-attention. It may
+                also hold one row per *group* of ``g`` consecutive rows of ``x``, (B / g, S, D): the
+                ``g`` hypotheses of a beam share their source, so its keys and values are computed and
+                stored once, and the group attends to them as ``g * T`` queries.
+            mask: bool, broadcastable to (B, H, T, L), covering all L keys (cached ones included);
+                for grouped cross-attention, (B / g, 1, 1, S), one row per source.
             is_causal: forbid attending to later positions.
             positions: (B, T) absolute positions for RoPE (default: after the cached ones).
             need_weights: also return the weights (B, H, T, L).
@@ -144,6 +155,7 @@ class MultiHeadAttention(nn.Module):
         w, bias = self.in_proj.weight, self.in_proj.bias
         cache = self.cache
         cross = memory is not None or isinstance(cache, StaticKV)
+        groups = 1  # rows of x per row of memory
         if not cross:
             qkv = self.in_proj(x)  # (B, T, 3D), or (N, 3D) packed
             if packing is not None:
@@ -163,7 +175,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.k, cache.v  # computed once per source, reused at every step
             else:
                 packed_memory = memory_packing is not None and memory.dim() == 2
-                if not packed_memory and (memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != d):
+                if not packed_memory and (memory.dim() != 3 or memory.shape[-1] != d):
                     raise ValueError(
                         f"cross-attention: memory must be (B={b}, S, D={d}), got {tuple(memory.shape)}"
                     )
@@ -172,7 +184,20 @@ class MultiHeadAttention(nn.Module):
                     kv = memory_packing.unpack(kv)  # (B, S, 2D)
                 k, v = (self._split_heads(z) for z in kv.split(d, dim=-1))  # (B, H, S, Dh) each
                 if isinstance(cache, StaticKV):
+                    # Contiguous: every step reads them, and the kernel reads one block per head faster.
+                    k, v = k.contiguous(), v.contiguous()
                     cache.set(k, v)
+            # The g rows of a group (a beam's hypotheses) share one source: g * T queries of it.
+            sources = k.shape[0]
+            if sources != b and (sources == 0 or b % sources):
+                raise ValueError(
+                    f"cross-attention: {b} query rows but {sources} sources; memory must be (B={b}, S, D) "
+                    "or hold one row per group of g consecutive rows, (B / g, S, D)"
+                )
+            groups = b // sources if sources else 1
+            if groups > 1:
+                q = q.view(sources, groups, self.n_heads, t, self.head_dim)  # (B / g, g, H, T, Dh)
+                q = q.transpose(1, 2).reshape(sources, self.n_heads, groups * t, self.head_dim)  # (B / g, H, g T, Dh)
         # Capturing attention is an eager inspection; a compiled graph cannot read a ContextVar.
         observer = None if torch.compiler.is_compiling() else attention_observer.get()
         out, weights = scaled_dot_product_attention(
@@ -180,6 +205,9 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights or observer is not None,
         )
+        if groups > 1:  # back to one row per query row
+            out = _ungroup(out, groups)  # (B, H, T, Dh)
+            weights = None if weights is None else _ungroup(weights, groups)  # (B, H, T, S)
         if observer is not None:
             observer(self, weights)
         out = out.transpose(1, 2).reshape(b, t, d)  # (B, T, H * Dh): the heads concatenated

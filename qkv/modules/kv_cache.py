@@ -148,14 +148,19 @@ def reset_caches(model: nn.Module) -> None:
             m.cache.reset()
 
 
-def reorder_caches(model: nn.Module, indices: Tensor, cross: bool = True) -> None:
-    """Keep the batch rows ``indices`` in every cache (beam search).
+def reorder_caches(model: nn.Module, indices: Tensor, sources: Tensor | None = None) -> None:
+    """Keep the rows ``indices`` in every self-attention cache and ``sources`` in every cross-attention one.
 
-    ``cross=False`` leaves the cross-attention caches as they are: they hold keys and values of the
-    source, the same in every row of a sentence, so they need to move only when sentences leave.
+    Cross-attention caches hold the keys and values of the sources: one row per source, which beam
+    search shares among the hypotheses of a sentence (one row per decoder row in greedy search, where
+    ``sources`` and ``indices`` are the same). Hypotheses trading places within a sentence never change
+    its source, so ``sources=None`` leaves those caches as they are; they move only when sentences leave.
     """
     for m in _attention_modules(model):
-        if m.cache is not None and (cross or not isinstance(m.cache, StaticKV)):
+        if isinstance(m.cache, StaticKV):
+            if sources is not None:
+                m.cache.reorder(sources)
+        elif m.cache is not None:
             m.cache.reorder(indices)
 
 
@@ -191,8 +196,8 @@ class CachedDecoding:
     def reset_cache(self) -> None:
         reset_caches(self)
 
-    def reorder_cache(self, indices: Tensor, cross: bool = True) -> None:
-        reorder_caches(self, indices, cross)
+    def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
+        reorder_caches(self, indices, sources)
 
     def clear_cache(self) -> None:
         clear_caches(self)

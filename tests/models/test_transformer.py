@@ -139,6 +139,22 @@ def test_cached_decoding_equals_uncached(positional):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
 
 
+def test_cached_decoding_with_shared_sources_equals_repeating_them():
+    # Beam search's layout: rows i * g .. i * g + g - 1 decode sentence i; the cache holds its source once.
+    m = Transformer(small_cfg()).eval()
+    src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
+    tgt = torch.randint(4, 30, (6, 5))
+    tgt[:, 0] = 1
+    with torch.no_grad():
+        full = m(src.repeat_interleave(3, 0), tgt)  # (6, 5, V)
+        memory, src_mask = m.encode(src), padding_mask(src, 0)  # one row per sentence
+        m.setup_cache(batch_size=6, max_len=8)
+        steps = [m.decode(tgt[:, i:i + 1], memory if i == 0 else None, src_mask) for i in range(5)]
+        assert m.decoder_layers[0].cross_attn.cache.k.shape[0] == 2
+        m.clear_cache()
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
 def test_cross_attention_kv_computed_once():
     m = Transformer(small_cfg()).eval()
     memory = m.encode(torch.tensor([[5, 6, 7]]))

@@ -137,6 +137,24 @@ def test_cross_attention_matches_torch_mha():
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_cross_attention_equals_repeating_the_memory(need_weights):
+    # Beam search: g consecutive query rows (a sentence's hypotheses) share one row of memory.
+    d, h, g = 32, 4, 3
+    ours = MultiHeadAttention(d, h, kind="cross").eval()
+    x, memory = torch.randn(2 * g, 4, d), torch.randn(2, 9, d)
+    pad = padding_mask(torch.tensor([[3] * 9, [3] * 5 + [0] * 4]), 0)  # (2, 1, 1, 9)
+    out, w = ours(x, memory=memory, mask=pad, need_weights=need_weights)
+    ref_out, ref_w = ours(x, memory=memory.repeat_interleave(g, 0), mask=pad.repeat_interleave(g, 0),
+                          need_weights=need_weights)
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=0)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=0)
+        assert w[g:, :, :, 5:].abs().max() == 0  # the second sentence's padding, in all its rows
+    with pytest.raises(ValueError, match="5 query rows but 2 sources"):
+        ours(torch.randn(5, 4, d), memory=memory, mask=pad)
+
+
 def test_causality_future_token_does_not_change_the_past():
     mha = MultiHeadAttention(16, 2).eval()
     x = torch.randn(1, 6, 16)

@@ -35,7 +35,7 @@ def test_reorder_moves_rows():
     assert c.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
 
 
-def test_reorder_without_cross_leaves_the_source_keys():
+def test_reorder_without_sources_leaves_the_source_keys():
     model = Transformer(preset("tiny-transformer")).eval()
     src = torch.randint(4, model.cfg.vocab_size, (2, 5))
     model.setup_cache(2, 8)
@@ -43,10 +43,10 @@ def test_reorder_without_cross_leaves_the_source_keys():
     model.decode(torch.ones(2, 1, dtype=torch.long), memory, None)
     self_cache, cross_cache = model.decoder_layers[0].self_attn.cache, model.decoder_layers[0].cross_attn.cache
     self_k, cross_k = self_cache.k[:, :, :1].clone(), cross_cache.k.clone()
-    model.reorder_cache(torch.tensor([1, 0]), cross=False)
+    model.reorder_cache(torch.tensor([1, 0]))
     assert torch.equal(self_cache.k[:, :, :1], self_k.flip(0))
     assert torch.equal(cross_cache.k, cross_k)
-    model.reorder_cache(torch.tensor([1, 0]))
+    model.reorder_cache(torch.tensor([1, 0]), sources=torch.tensor([1, 0]))
     assert torch.equal(cross_cache.k, cross_k.flip(0))
     model.clear_cache()
 
