@@ -35,6 +35,21 @@ def test_reorder_moves_rows():
     assert c.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
 
 
+def test_reorders_in_a_row_keep_each_rows_past():
+    # Reordering swaps buffers: a row copied twice (two hypotheses of one parent), rows dropped, and
+    # appends after each reorder must all keep the right past.
+    c = KVCache(4, 2, 6, 3)
+    ref = torch.randn(4, 2, 2, 3)
+    c.update(ref, ref)
+    for indices in ([1, 1, 3, 0], [2, 0, 0]):
+        idx = torch.tensor(indices)
+        c.reorder(idx)
+        new = torch.randn(len(indices), 2, 1, 3)
+        ref = torch.cat([ref[idx], new], dim=2)
+        k, v = c.update(new, new)
+        assert torch.equal(k, ref) and torch.equal(v, ref)
+
+
 def test_reorder_without_sources_leaves_the_source_keys():
     model = Transformer(preset("tiny-transformer")).eval()
     src = torch.randint(4, model.cfg.vocab_size, (2, 5))
