@@ -140,8 +140,10 @@ def _attention_modules(model: nn.Module):
     find the cache length, to reorder) cost beam search 4% of its time.
     """
     listed = getattr(model, "_decoding_attention", None)
-    if listed is not None:
-        return listed
+    return listed if listed is not None else _find_attention_modules(model)
+
+
+def _find_attention_modules(model: nn.Module) -> list[nn.Module]:
     from qkv.modules.attention import MultiHeadAttention
 
     return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -151,8 +153,7 @@ def setup_caches(model: nn.Module, batch_size: int, max_len: int, dtype: torch.d
     """Allocate a cache in every attention module of ``model`` for ``batch_size`` rows of ``max_len`` positions."""
     param = next(model.parameters())
     dtype = dtype or param.dtype
-    model._decoding_attention = None  # list them afresh
-    model._decoding_attention = _attention_modules(model)
+    model._decoding_attention = _find_attention_modules(model)
     for m in model._decoding_attention:
         if m.kind == "cross":
             m.cache = StaticKV()

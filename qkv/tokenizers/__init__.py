@@ -91,14 +91,22 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     raise TokenizerError(f"{path}: unknown tokenizer format (neither a qkv char tokenizer nor a `tokenizers` file)")
 
 
-def as_int_list(ids: Iterable[int]) -> list[int]:
-    """Ids from a list, tuple, numpy array or torch tensor, as Python ints (a 1-D sequence expected)."""
+def as_int_list(ids: Iterable[int], vocab_size: int | None = None) -> list[int]:
+    """Ids from a list, tuple, numpy array or torch tensor, as Python ints (a 1-D sequence expected).
+
+    With ``vocab_size``, an id outside ``0 .. vocab_size - 1`` is an error that names it.
+    """
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
     out = list(ids)
     if out and isinstance(out[0], list):
         raise TokenizerError("decode expects one sequence of ids; use decode_batch for a batch")
-    return [int(i) for i in out]
+    out = [int(i) for i in out]
+    if vocab_size is not None:
+        for i in out:
+            if not 0 <= i < vocab_size:
+                raise TokenizerError(f"token id {i} is outside the vocabulary (size {vocab_size})")
+    return out
 
 
 from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402  (both import only the standard library here)

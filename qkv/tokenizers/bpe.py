@@ -180,11 +180,7 @@ class BPETokenizer:
         With ``skip_special`` the ``<pad> <bos> <eos>`` ids are dropped; ``<unk>`` stays visible as the
         text ``<unk>`` so a lost character is never silent.
         """
-        ids = as_int_list(ids)
-        n = self.vocab_size
-        for i in ids:
-            if not 0 <= i < n:
-                raise TokenizerError(f"token id {i} is outside the vocabulary (size {n})")
+        ids = as_int_list(ids, self.vocab_size)
         if skip_special:
             ids = [i for i in ids if i not in self._drop]
         return self._tok.decode(ids, skip_special_tokens=False)

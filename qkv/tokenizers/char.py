@@ -115,10 +115,7 @@ class CharTokenizer:
         the text ``<unk>`` so a lost character is never silent.
         """
         out = []
-        n = len(self.itos)
-        for i in as_int_list(ids):
-            if not 0 <= i < n:
-                raise TokenizerError(f"token id {i} is outside the vocabulary (size {n})")
+        for i in as_int_list(ids, len(self.itos)):
             if skip_special and self.specials and i in (PAD_ID, BOS_ID, EOS_ID):
                 continue
             out.append(self.itos[i])

@@ -146,11 +146,7 @@ class GPT2Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """The text of ``ids``; a token that ends inside a UTF-8 character decodes to U+FFFD."""
-        ids = as_int_list(ids)
-        n = self.vocab_size
-        for i in ids:
-            if not 0 <= i < n:
-                raise TokenizerError(f"token id {i} is outside the vocabulary (size {n})")
+        ids = as_int_list(ids, self.vocab_size)
         if skip_special:
             ids = [i for i in ids if i != self.encoding.eot_token]
         return self.encoding.decode(ids)
