@@ -87,6 +87,72 @@ def _only_eos(logits: Tensor, rows: Tensor, eos_id: int) -> Tensor:
     return logits
 
 
+def _best_continuations(logp: Tensor, scores: Tensor, m: int, chunk: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``m`` best continuations of each sentence, ``scores[i, j] + logp[i, j, v]`` over beams j and tokens v.
+
+    A top-k over all K * V candidates of a sentence took as long as the log-softmax and most of a
+    step's bookkeeping. Instead the vocabulary is cut into chunks: a chunk that holds one of the m
+    best holds a value at least the m-th best, so the m chunks with the best maxima hold all of the m
+    best (ties may be broken otherwise), and the top-k runs over their m * ``chunk`` values only.
+
+    Args:
+        logp: (N, K, V) log-probabilities of the next token of each hypothesis.
+        scores: (N, K) the hypotheses' log-probabilities so far.
+        m: how many (at most K * V).
+
+    Returns:
+        (N, m) each: the candidates' scores, best first, their beams (0..K-1) and their tokens.
+    """
+    n, k, v = logp.shape
+    full = v // chunk * chunk
+    maxima = logp[..., :full].reshape(n, k, full // chunk, chunk).amax(dim=-1)  # (N, K, V // C)
+    if full < v:  # the last, shorter chunk
+        maxima = torch.cat([maxima, logp[..., full:].amax(dim=-1, keepdim=True)], dim=-1)
+    per_beam = maxima.shape[-1]  # chunks per beam
+    best = (maxima + scores[:, :, None]).view(n, k * per_beam).topk(min(m, k * per_beam), dim=-1).indices  # (N, M')
+    beam = torch.div(best, per_beam, rounding_mode="floor")  # (N, M')
+    token = (best % per_beam)[:, :, None] * chunk + torch.arange(chunk, device=logp.device)  # (N, M', C)
+    flat = beam[:, :, None] * v + token.clamp(max=v - 1)  # (N, M', C) indices into (N, K * V)
+    values = logp.reshape(n, k * v).gather(1, flat.view(n, -1)).view(flat.shape)  # (N, M', C)
+    values = (values + scores.gather(1, beam)[:, :, None]).masked_fill(token >= v, float("-inf"))  # past the end
+    top, at = values.view(n, -1).topk(m, dim=-1)  # (N, m)
+    ids = flat.view(n, -1).gather(1, at)  # (N, m)
+    return top, torch.div(ids, v, rounding_mode="floor"), ids % v
+
+
+def _stay_in_place(parents: Tensor) -> Tensor:
+    """Where each of a step's continuations goes among its sentence's k rows: its parent's, if it can.
+
+    The order of a sentence's hypotheses in its rows does not matter, but the KV cache of a row has to
+    hold the past of the hypothesis in it. The first continuation of each parent takes the parent's
+    row, whose past it shares, and the other continuations fill the rows whose parents have no
+    continuation, in order. Only those rows need another row's past copied into their cache, k minus
+    the number of parents, instead of every row whose parent sits elsewhere. (A few dozen numbers: a
+    Python loop over them is faster than a dozen tensor operations.)
+
+    Args:
+        parents: (N, K) the row (0..K-1) each continuation extends, best continuation first.
+
+    Returns:
+        (N, K) ``order``: row j of sentence i gets continuation ``order[i, j]``.
+    """
+    k = parents.shape[1]
+    orders = []
+    for row_parents in parents.tolist():
+        order: list[int | None] = [None] * k
+        others = []  # continuations whose parent's row is taken
+        for j, parent in enumerate(row_parents):
+            if order[parent] is None:
+                order[parent] = j
+            else:
+                others.append(j)
+        free = [row for row in range(k) if order[row] is None]
+        for row, j in zip(free, others):
+            order[row] = j
+        orders.append(order)
+    return torch.tensor(orders, dtype=torch.long, device=parents.device).view(-1, k)
+
+
 @torch.no_grad()
 def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
                   limit: int | None = None, use_cache: bool = True) -> list[list[int]]:
@@ -188,21 +254,27 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
     try:
         if use_cache:
             model.setup_cache(b * k, steps + 1)
+            # The first step decodes one row per sentence (see below).
+            model.reorder_cache(torch.arange(b, device=device))
         for t in range(steps + 1):  # t tokens generated so far
             n = sentences.shape[0]
+            # At first all k hypotheses of a sentence are the same empty one: decode it once and score
+            # its continuations for every row; the cache reorder after the step copies its past to
+            # the sentence's k rows.
+            step = tokens[::k] if t == 0 else tokens  # (N, t + 1) at first, then (N * K, t + 1)
             if use_cache:
-                logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N * K, V)
+                logits = model.decode(step[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N or N * K, V)
             else:
-                logits = model.decode(tokens, memory, src_mask)[:, -1]  # (N * K, V)
+                logits = model.decode(step, memory, src_mask)[:, -1]  # (N or N * K, V)
+            if t == 0:
+                logits = logits.repeat_interleave(k, dim=0)  # (N * K, V)
             at_limit = limits[sentences] <= t  # (N,)
             logp = F.log_softmax(logits.float(), dim=-1)
             logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
             vocab = logp.shape[-1]
-            candidates = logp.view(n, k, vocab).add_(scores[:, :, None])  # (N, K, V), in place: logp is ours
             # 2k candidates: even if k of them end with <eos>, k others can continue.
-            top_scores, top_ids = candidates.view(n, k * vocab).topk(min(2 * k, k * vocab), dim=-1)  # (N, 2K)
-            from_beam = torch.div(top_ids, vocab, rounding_mode="floor")  # (N, 2K)
-            top_tokens = top_ids % vocab  # (N, 2K)
+            top_scores, from_beam, top_tokens = _best_continuations(
+                logp.view(n, k, vocab), scores, min(2 * k, k * vocab))  # (N, 2K) each
             is_eos = top_tokens == eos_id
             # <eos> among the k best candidates finishes a hypothesis.
             ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (N, K)
@@ -222,6 +294,9 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             if bool(done.all()):
                 break
             beams = from_beam.gather(1, pick)  # (N, K)
+            order = _stay_in_place(beams)  # (N, K): most hypotheses stay in their parent's row
+            pick = pick.gather(1, order)
+            beams, alive_scores = beams.gather(1, order), alive_scores.gather(1, order)  # (N, K)
             next_tokens = top_tokens.gather(1, pick)  # (N, K)
             keep = (~done).nonzero().squeeze(1)  # (N',)
             rows = (keep[:, None] * k + beams[keep]).reshape(-1)  # (N' * K,) rows the survivors extend
@@ -231,8 +306,8 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             if keep.shape[0] < n:  # sentences left: their sources go too
                 src_mask = src_mask[keep]
                 memory = memory[keep] if not use_cache else None
-            if use_cache:
-                model.reorder_cache(rows, sources=keep if keep.shape[0] < n else None)
+            if use_cache:  # (the first step's cache has one row per sentence: row i of sentence i)
+                model.reorder_cache(rows // k if t == 0 else rows, sources=keep if keep.shape[0] < n else None)
     finally:
         if use_cache:
             model.clear_cache()

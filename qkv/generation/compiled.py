@@ -59,7 +59,7 @@ class CompiledStep:
 
     def __init__(self, model: torch.nn.Module, prompt: Tensor) -> None:
         check_can_compile(prompt.device)
-        caches = [m for m in model.modules() if isinstance(m, KVCache)]
+        caches = [m.cache for m in model.modules() if isinstance(getattr(m, "cache", None), KVCache)]
         if not caches:
             raise ValueError("CompiledStep needs a model with caches set up (model.setup_cache)")
         b, t = prompt.shape

@@ -169,7 +169,7 @@ class MultiHeadAttention(nn.Module):
             if isinstance(cache, KVCache):
                 k, v = cache.update(k, v)  # (B, H, offset + T, Dh)
         else:
-            q = F.linear(x, w[:d], None if bias is None else bias[:d])  # (B, T, D) or (N, D)
+            q = self.in_proj.first_outputs(x, d)  # (B, T, D) or (N, D): x W^Q
             q = self._split_heads(packing.unpack(q) if packing is not None else q)  # (B, H, T, Dh)
             if isinstance(cache, StaticKV) and cache.filled:
                 k, v = cache.k, cache.v  # computed once per source, reused at every step

@@ -120,36 +120,53 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # (the weight's version when packed, the row count it is packed for, the packed weight); the
-        # version is None for an inference tensor (made under torch.inference_mode), which keeps none.
-        self._packed: tuple[int | None, int, Tensor] | None = None
+        # (the weight's version when packed, the row count, the output features it is packed for, the
+        # packed weight); the version is None for an inference tensor (made under
+        # torch.inference_mode), which keeps none.
+        self._packed: tuple[int | None, int, int, Tensor] | None = None
 
-    def pack(self, rows: int) -> None:
+    def pack(self, rows: int, outputs: int | None = None) -> None:
         """Lay the weight out for products with exactly ``rows`` rows; other row counts take ``F.linear``.
 
         oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch
         shrinks as sentences finish, every new count cost time and memory: translating a test set
         grew the process by 300 MB. One row count per generation keeps that to one kernel per weight.
+
+        Args:
+            outputs: pack only the first ``outputs`` output features, for :meth:`first_outputs`: the
+                W^Q block of cross-attention's stacked [W^Q; W^K; W^V], the only one a decoding step
+                uses (``F.linear`` on that slice of the weight took 4x oneDNN's time).
         """
         if _onednn_takes(self.weight):
+            outputs = self.out_features if outputs is None else outputs
             w = self.weight.detach()
             version = None if w.is_inference() else w._version
-            self._packed = (version, rows, torch.ops.mkldnn._reorder_linear_weight(w, rows))
+            self._packed = (version, rows, outputs, torch.ops.mkldnn._reorder_linear_weight(w[:outputs].contiguous(), rows))
 
     def unpack(self) -> None:
         self._packed = None
 
+    def _packed_for(self, x: Tensor, outputs: int) -> Tensor | None:
+        """The packed weight if it fits products of ``x`` onto the first ``outputs`` features, else None."""
+        if self._packed is None:
+            return None
+        version, rows, packed_outputs, packed = self._packed
+        if version is not None and version != self.weight._version:  # trained or loaded since: stale
+            self._packed = None
+            return None
+        return packed if packed_outputs == outputs and x.numel() == rows * x.shape[-1] else None
+
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
             return compiled_linear(x, self.weight, self.bias)
-        packed = None
-        if self._packed is not None:
-            version, rows, packed = self._packed
-            if version is not None and version != self.weight._version:  # trained or loaded since: stale
-                self._packed, packed = None, None
-            elif x.numel() != rows * x.shape[-1]:
-                packed = None
-        return linear(x, self.weight, self.bias, packed)
+        return linear(x, self.weight, self.bias, self._packed_for(x, self.out_features))
+
+    def first_outputs(self, x: Tensor, n: int) -> Tensor:
+        """x W[:n]^T + b[:n]: (..., in) -> (..., n), the first ``n`` output features only."""
+        weight, bias = self.weight[:n], None if self.bias is None else self.bias[:n]
+        if torch.compiler.is_compiling():
+            return compiled_linear(x, weight, bias)
+        return linear(x, weight, bias, self._packed_for(x, n))
 
 
 def pack_linears(layers: Iterable[Linear], rows: int) -> None:

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from qkv.config import preset
-from qkv.generation.beam import beam_search, greedy_search, length_penalty, max_new_tokens
+from qkv.generation.beam import (_best_continuations, _stay_in_place, beam_search, greedy_search, length_penalty,
+                                max_new_tokens)
 from qkv.models.transformer import Transformer
 from qkv.modules.masks import padding_mask
 
@@ -64,8 +65,11 @@ def test_beam_without_cache_reorder_is_wrong(model, src, monkeypatch):
 
     def without_following(self, indices, sources=None):
         # The rows of the sentences still decoding, but each hypothesis keeps its own row's past
-        # instead of its parent's (rows i * 4 + j, j = 0..3, for each sentence i left).
-        reorder(self, indices // 4 * 4 + torch.arange(indices.shape[0]) % 4, sources)
+        # instead of its parent's (rows i * 4 + j, j = 0..3, for each sentence i left). The first
+        # step's one row per sentence still fans out to its 4 rows.
+        if indices.shape[0] <= self.decoder_layers[0].self_attn.cache.k.shape[0]:
+            indices = indices // 4 * 4 + torch.arange(indices.shape[0]) % 4
+        reorder(self, indices, sources)
 
     monkeypatch.setattr(type(model), "reorder_cache", without_following)
     wrong = beam_search(model, src, BOS, EOS, beam_size=4, n_best=4, limit=20)
@@ -106,6 +110,35 @@ def test_beam_finds_at_least_greedys_probability_without_length_penalty(model, s
             logp = F.log_softmax(model(src[i:i + 1], torch.tensor([[BOS] + g]))[0], dim=-1)
         greedy_logprob = float(logp.gather(1, torch.tensor(g + [EOS])[:, None]).sum())
         assert beam[i][0].logprob >= greedy_logprob - 1e-5
+
+
+@pytest.mark.parametrize("vocab", [3, 24, 64, 130, 8000])
+def test_best_continuations_equal_a_topk_over_every_candidate(vocab):
+    # The chunked search against the plain one: same scores, beams and tokens, for vocabularies that
+    # fill one chunk, several, and end in a shorter one; with hypotheses at -inf (step 0) and a row
+    # where only one token is allowed (at the length limit).
+    g = torch.Generator().manual_seed(vocab)
+    n, k = 5, 4
+    logp = torch.randn(n, k, vocab, generator=g).log_softmax(-1)
+    scores = -torch.rand(n, k, generator=g) * 10
+    scores[0, 1:] = float("-inf")
+    logp[1, 2, 1:] = float("-inf")
+    m = min(2 * k, k * vocab)
+    want, ids = (logp + scores[:, :, None]).view(n, k * vocab).topk(m, dim=-1)
+    top, beam, token = _best_continuations(logp, scores, m, chunk=16)
+    assert torch.equal(top, want)
+    finite = torch.isfinite(want)
+    assert torch.equal(beam[finite], (ids // vocab)[finite]) and torch.equal(token[finite], (ids % vocab)[finite])
+
+
+def test_continuations_stay_in_their_parents_rows():
+    parents = torch.tensor([[0, 0, 0, 0], [2, 1, 2, 3], [3, 2, 1, 0], [1, 1, 3, 3]])
+    order = _stay_in_place(parents)
+    assert sorted(order[0].tolist()) == [0, 1, 2, 3]  # a permutation of the continuations
+    rows = parents.gather(1, order)  # the parent of the continuation in each row
+    assert rows.tolist() == [[0, 0, 0, 0], [2, 1, 2, 3], [0, 1, 2, 3], [1, 1, 3, 3]]
+    # Each parent keeps its row for its best continuation; the others fill rows in order.
+    assert order.tolist() == [[0, 1, 2, 3], [2, 1, 0, 3], [3, 2, 1, 0], [1, 0, 3, 2]]
 
 
 def test_length_penalty_is_gnmt():

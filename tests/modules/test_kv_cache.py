@@ -50,6 +50,22 @@ def test_reorders_in_a_row_keep_each_rows_past():
         assert torch.equal(k, ref) and torch.equal(v, ref)
 
 
+def test_reorder_narrows_and_widens_in_place():
+    # Beam search's first step: one row per sentence, then each row fans out to its sentence's beam.
+    c = KVCache(6, 2, 5, 3)
+    allocated = c.k.data_ptr()
+    c.reorder(torch.arange(2))
+    first = torch.randn(2, 2, 1, 3)
+    c.update(first, -first)
+    c.reorder(torch.tensor([0, 0, 0, 1, 1, 1]))
+    assert c.k.shape == (6, 2, 5, 3) and c.k.data_ptr() == allocated
+    k, v = c.update(torch.zeros(6, 2, 1, 3), torch.zeros(6, 2, 1, 3))
+    assert torch.equal(k[:, :, :1], first.repeat_interleave(3, dim=0))
+    assert torch.equal(v[:, :, :1], -first.repeat_interleave(3, dim=0))
+    with pytest.raises(ValueError, match="the cache holds"):  # rows in use: 6, not 2
+        c.update(first, first)
+
+
 def test_reorder_without_sources_leaves_the_source_keys():
     model = Transformer(preset("tiny-transformer")).eval()
     src = torch.randint(4, model.cfg.vocab_size, (2, 5))

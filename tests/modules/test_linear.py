@@ -93,6 +93,23 @@ def test_packed_weights_give_the_same_products_for_any_row_count():
 
 
 @needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_first_outputs_packed_alone(bias):
+    # Cross-attention's W^Q, the first D rows of the stacked [W^Q; W^K; W^V], packed on its own.
+    torch.manual_seed(0)
+    layer = Linear(16, 48, bias=bias)
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        want_first = F.linear(x, layer.weight[:16], None if layer.bias is None else layer.bias[:16])
+        want_all = F.linear(x, layer.weight, layer.bias)
+        layer.pack(5, outputs=16)
+        assert layer._packed_for(x, 16) is not None and layer._packed_for(x, 48) is None
+        torch.testing.assert_close(layer.first_outputs(x, 16), want_first, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x), want_all, rtol=1e-5, atol=1e-5)  # whole: not from the packing
+        torch.testing.assert_close(layer.first_outputs(x[:3], 16), want_first[:3], rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
 def test_a_changed_weight_is_never_computed_from_a_stale_packing():
     layer = Linear(16, 16, bias=False)
     x = torch.randn(2, 16)
@@ -143,12 +160,14 @@ def test_decoding_packs_and_frees_every_linear():
 def test_translation_decoding_packs_only_what_each_step_runs():
     model = Transformer(preset("tiny-transformer")).eval()
     model.setup_cache(2, 16)
-    packed = {name for name, m in model.named_modules() if isinstance(m, Linear) and m._packed is not None}
+    packed = {name: m._packed[2] for name, m in model.named_modules() if isinstance(m, Linear) and m._packed is not None}
     model.clear_cache()
     assert "generator" in packed
-    assert not any(name.startswith("encoder_layers") or name.endswith("cross_attn.in_proj") for name in packed)
+    assert not any(name.startswith("encoder_layers") for name in packed)
     assert {"decoder_layers.0.self_attn.in_proj", "decoder_layers.0.cross_attn.out_proj",
-            "decoder_layers.0.feed_forward.w_1"} <= packed
+            "decoder_layers.0.feed_forward.w_1"} <= set(packed)
+    # Cross-attention's [W^Q; W^K; W^V]: a step uses W^Q only (K and V once per source).
+    assert packed["decoder_layers.0.cross_attn.in_proj"] == model.cfg.d_model
     assert not any(m._packed is not None for m in model.modules() if isinstance(m, Linear))
 
 
