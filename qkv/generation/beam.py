@@ -87,6 +87,26 @@ def _only_eos(logits: Tensor, rows: Tensor, eos_id: int) -> Tensor:
     return logits
 
 
+def _survivors(done: Tensor) -> Tensor:
+    """The rows that go on, ordered so that most keep their place: the last ones fill the places of those done.
+
+    The order of the sentences in a batch does not matter (``sentences`` says which is which), but
+    their KV caches move with it: keeping the survivors in order shifts every row after the first to
+    finish, where filling the gaps from the end moves only as many sentences as have finished.
+
+    Args:
+        done: (N,) bool.
+
+    Returns:
+        (N',) the indices of the rows not done; ``keep[i] == i`` wherever row i goes on and i < N'.
+    """
+    alive = (~done).nonzero().squeeze(1)  # (N',)
+    n = alive.shape[0]
+    keep = torch.arange(n, device=done.device)
+    keep[done[:n].nonzero().squeeze(1)] = alive[alive >= n]  # the gaps, from the end
+    return keep
+
+
 def _best_continuations(logp: Tensor, scores: Tensor, m: int, chunk: int = 64) -> tuple[Tensor, Tensor, Tensor]:
     """The ``m`` best continuations of each sentence, ``scores[i, j] + logp[i, j, v]`` over beams j and tokens v.
 
@@ -196,7 +216,7 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
             if bool(ended.all()):
                 break
             if bool(ended.any()):
-                keep = (~ended).nonzero().squeeze(1)  # (N',)
+                keep = _survivors(ended)  # (N',)
                 alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
                 memory = memory[keep]
                 if use_cache:
@@ -269,7 +289,8 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             if t == 0:
                 logits = logits.repeat_interleave(k, dim=0)  # (N * K, V)
             at_limit = limits[sentences] <= t  # (N,)
-            logp = F.log_softmax(logits.float(), dim=-1)
+            logits = logits.float()
+            logp = torch.log_softmax(logits, dim=-1, out=logits)  # in place: the logits are ours, 2 MB less to touch
             logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
             vocab = logp.shape[-1]
             # 2k candidates: even if k of them end with <eos>, k others can continue.
@@ -298,7 +319,7 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4
             pick = pick.gather(1, order)
             beams, alive_scores = beams.gather(1, order), alive_scores.gather(1, order)  # (N, K)
             next_tokens = top_tokens.gather(1, pick)  # (N, K)
-            keep = (~done).nonzero().squeeze(1)  # (N',)
+            keep = _survivors(done)  # (N',)
             rows = (keep[:, None] * k + beams[keep]).reshape(-1)  # (N' * K,) rows the survivors extend
             tokens = torch.cat([tokens[rows], next_tokens[keep].reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
             scores = alive_scores[keep]

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from qkv.config import preset
-from qkv.generation.beam import (_best_continuations, _stay_in_place, beam_search, greedy_search, length_penalty,
-                                max_new_tokens)
+from qkv.generation.beam import (_best_continuations, _stay_in_place, _survivors, beam_search, greedy_search,
+                                length_penalty, max_new_tokens)
 from qkv.models.transformer import Transformer
 from qkv.modules.masks import padding_mask
 
@@ -139,6 +139,15 @@ def test_continuations_stay_in_their_parents_rows():
     assert rows.tolist() == [[0, 0, 0, 0], [2, 1, 2, 3], [0, 1, 2, 3], [1, 1, 3, 3]]
     # Each parent keeps its row for its best continuation; the others fill rows in order.
     assert order.tolist() == [[0, 1, 2, 3], [2, 1, 0, 3], [3, 2, 1, 0], [1, 0, 3, 2]]
+
+
+def test_survivors_keep_their_places():
+    done = torch.tensor([False, True, False, True, False, False])
+    keep = _survivors(done)
+    assert sorted(keep.tolist()) == [0, 2, 4, 5]
+    assert keep.tolist() == [0, 4, 2, 5]  # 0 and 2 stay; 4 and 5 fill the places of 1 and 3
+    assert _survivors(torch.tensor([True, True])).tolist() == []
+    assert _survivors(torch.tensor([False, False])).tolist() == [0, 1]
 
 
 def test_length_penalty_is_gnmt():
