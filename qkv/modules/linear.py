@@ -141,7 +141,8 @@ class Linear(nn.Linear):
             outputs = self.out_features if outputs is None else outputs
             w = self.weight.detach()
             version = None if w.is_inference() else w._version
-            self._packed = (version, rows, outputs, torch.ops.mkldnn._reorder_linear_weight(w[:outputs].contiguous(), rows))
+            packed = torch.ops.mkldnn._reorder_linear_weight(w[:outputs].contiguous(), rows)
+            self._packed = (version, rows, outputs, packed)
 
     def unpack(self) -> None:
         self._packed = None

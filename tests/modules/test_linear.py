@@ -160,7 +160,9 @@ def test_decoding_packs_and_frees_every_linear():
 def test_translation_decoding_packs_only_what_each_step_runs():
     model = Transformer(preset("tiny-transformer")).eval()
     model.setup_cache(2, 16)
-    packed = {name: m._packed[2] for name, m in model.named_modules() if isinstance(m, Linear) and m._packed is not None}
+    # name -> the output features packed
+    packed = {name: m._packed[2] for name, m in model.named_modules()
+              if isinstance(m, Linear) and m._packed is not None}
     model.clear_cache()
     assert "generator" in packed
     assert not any(name.startswith("encoder_layers") for name in packed)
