@@ -160,19 +160,11 @@ class Transformer(CachedDecoding, nn.Module):
         # The encoder never uses a cache: it sees the whole source at once.
         for layer in self.encoder_layers:
             layer.self_attn.cache = None
-        if pack:  # a step uses W^Q of cross-attention's [W^Q; W^K; W^V] (K and V once per source)
-            for layer in self.decoder_layers:
-                layer.cross_attn.in_proj.pack(batch_size, outputs=self.cfg.d_model)
-
-    def clear_cache(self) -> None:
-        super().clear_cache()
-        for layer in self.decoder_layers:
-            layer.cross_attn.in_proj.unpack()
 
     def stepwise_linears(self) -> Iterator[Linear]:
-        """The decoder's linear maps and the output projection, packed whole (the encoder runs once
-        per source; cross-attention's W^Q is packed alone by ``setup_cache``)."""
+        """The decoder's linear maps and the output projection (the encoder runs once per source;
+        of cross-attention's [W^Q; W^K; W^V] a step uses W^Q, its ``step_outputs``)."""
         for part in (*self.decoder_layers, self.generator):
-            for name, m in part.named_modules():
-                if isinstance(m, Linear) and name != "cross_attn.in_proj":
+            for m in part.modules():
+                if isinstance(m, Linear):
                     yield m

@@ -105,6 +105,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        if kind == "cross":  # a decoding step projects only the queries (K and V once per source)
+            self.in_proj.step_outputs = d_model
         self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
         self.rope = rope

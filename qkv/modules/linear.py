@@ -124,6 +124,8 @@ class Linear(nn.Linear):
         # packed weight); the version is None for an inference tensor (made under
         # torch.inference_mode), which keeps none.
         self._packed: tuple[int | None, int, int, Tensor] | None = None
+        # The output features a decoding step uses, which ``pack`` lays out (None: all of them).
+        self.step_outputs: int | None = None
 
     def pack(self, rows: int, outputs: int | None = None) -> None:
         """Lay the weight out for products with exactly ``rows`` rows; other row counts take ``F.linear``.
@@ -133,12 +135,13 @@ class Linear(nn.Linear):
         grew the process by 300 MB. One row count per generation keeps that to one kernel per weight.
 
         Args:
-            outputs: pack only the first ``outputs`` output features, for :meth:`first_outputs`: the
-                W^Q block of cross-attention's stacked [W^Q; W^K; W^V], the only one a decoding step
-                uses (``F.linear`` on that slice of the weight took 4x oneDNN's time).
+            outputs: pack only the first ``outputs`` output features, for :meth:`first_outputs`
+                (default: ``step_outputs``, else all). Cross-attention's stacked [W^Q; W^K; W^V] sets
+                ``step_outputs`` to W^Q's, the only block a decoding step uses (``F.linear`` on that
+                slice of the weight took 4x oneDNN's time).
         """
         if _onednn_takes(self.weight):
-            outputs = self.out_features if outputs is None else outputs
+            outputs = outputs or self.step_outputs or self.out_features
             w = self.weight.detach()
             version = None if w.is_inference() else w._version
             packed = torch.ops.mkldnn._reorder_linear_weight(w[:outputs].contiguous(), rows)

@@ -104,9 +104,15 @@ def as_int_list(ids: Iterable[int], vocab_size: int | None = None) -> list[int]:
     out = [int(i) for i in out]
     if vocab_size is not None:
         for i in out:
-            if not 0 <= i < vocab_size:
-                raise TokenizerError(f"token id {i} is outside the vocabulary (size {vocab_size})")
+            check_id(i, vocab_size)
     return out
+
+
+def check_id(i: int, vocab_size: int) -> int:
+    """``i``, or an error that names it when it is outside ``0 .. vocab_size - 1``."""
+    if not 0 <= i < vocab_size:
+        raise TokenizerError(f"token id {i} is outside the vocabulary (size {vocab_size})")
+    return i
 
 
 from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402  (both import only the standard library here)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from qkv.tokenizers import (
-    BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, TokenizerError, as_int_list,
+    BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, TokenizerError, as_int_list, check_id,
 )
 
 KINDS = ("bpe", "bytelevel")
@@ -190,10 +190,7 @@ class BPETokenizer:
 
     def id_to_token(self, i: int) -> str:
         """The vocabulary entry of id ``i`` (raw: ``▁`` for a space, or GPT-2's byte symbols)."""
-        token = self._tok.id_to_token(int(i))
-        if token is None:
-            raise TokenizerError(f"token id {i} is outside the vocabulary (size {self.vocab_size})")
-        return token
+        return self._tok.id_to_token(check_id(int(i), self.vocab_size))
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

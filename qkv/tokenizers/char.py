@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from qkv.tokenizers import (
-    BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, UNK_ID, TokenizerError, as_int_list,
+    BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, UNK_ID, TokenizerError, as_int_list, check_id,
 )
 
 _FORMAT_VERSION = 1
@@ -125,9 +125,7 @@ class CharTokenizer:
         return [self.decode(ids, skip_special) for ids in batch]
 
     def id_to_token(self, i: int) -> str:
-        if not 0 <= i < len(self.itos):
-            raise TokenizerError(f"token id {i} is outside the vocabulary (size {len(self.itos)})")
-        return self.itos[i]
+        return self.itos[check_id(i, len(self.itos))]
 
     def token_to_id(self, token: str) -> int | None:
         if self.specials and token in SPECIAL_TOKENS:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from unittest import mock
 
-from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list
+from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list, check_id
 
 MERGES_FILE = "tokenizer.bpe"
 ENDOFTEXT = "<|endoftext|>"
@@ -152,9 +152,7 @@ class GPT2Tokenizer:
         return self.encoding.decode(ids)
 
     def id_to_token(self, i: int) -> str:
-        if not 0 <= i < self.vocab_size:
-            raise TokenizerError(f"token id {i} is outside the vocabulary (size {self.vocab_size})")
-        return self.encoding.decode_single_token_bytes(i).decode("utf-8", errors="replace")
+        return self.encoding.decode_single_token_bytes(check_id(i, self.vocab_size)).decode("utf-8", errors="replace")
 
     # -- files ---------------------------------------------------------------------------------------
 
