@@ -1,6 +1,6 @@
 """The forgetting experiment in one command: pretrain on Shakespeare, fine-tune on cmn-eng, measure what is lost.
 
-    python bench/forgetting.py --config configs/lm/forgetting.yaml --out runs/forgetting [section.key=value ...]
+    python bench/forgetting.py --config bench/forgetting.yaml --out runs/forgetting [section.key=value ...]
 
 1. Pretrain a character-level GPT on tinyshakespeare, its vocabulary also covering the cmn-eng text
    (``pretrain`` section of the config; skipped if ``OUT/base`` is already finished).
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qkv.config import apply_overrides, from_dict  # noqa: E402
 from qkv.data.sft import load_pairs  # noqa: E402
-from qkv.training.finetune import FinetuneConfig, finetune  # noqa: E402
-from qkv.training.lm_run import MODEL_WEIGHTS, LMRecipe, load_recipe  # noqa: E402
-from qkv.training.train_lm import recipe_from_dict, train_lm  # noqa: E402
+from qkv.training.finetune import FinetuneConfig, FinetuneRecipe, finetune  # noqa: E402
+from qkv.training.lm_run import MODEL_WEIGHTS, LMRecipe, load_run_recipe  # noqa: E402
+from qkv.training.train_lm import train_lm  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def load_config(path: str, overrides: list[str]) -> ForgettingConfig:
 
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     cfg = ForgettingConfig(
-        pretrain=recipe_from_dict(data.get("pretrain", {}), where=f"{path} (pretrain)"),
-        finetune=from_dict(FinetuneConfig, data.get("finetune", {}), where=f"{path} (finetune)"),
+        pretrain=from_dict(LMRecipe, data.get("pretrain", {}), where=f"{path} (pretrain)"),
+        finetune=from_dict(FinetuneRecipe, data.get("finetune", {}), where=f"{path} (finetune)").train,
         experiment=from_dict(ExperimentConfig, data.get("experiment", {}), where=f"{path} (experiment)"),
     )
     unknown = set(data) - {"pretrain", "finetune", "experiment"}
@@ -128,7 +128,7 @@ def plot(rows: list[dict], base_loss: float, out_png: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="configs/lm/forgetting.yaml")
+    ap.add_argument("--config", default="bench/forgetting.yaml")
     ap.add_argument("--out", default="runs/forgetting")
     ap.add_argument("--doc", help="also write a Markdown report here (e.g. docs/results/forgetting.md)")
     ap.add_argument("overrides", nargs="*", metavar="section.key=value")
@@ -148,7 +148,7 @@ def main() -> int:
     t0 = time.perf_counter()
     if not (base / MODEL_WEIGHTS).is_file():
         resume = (base / "last.pt").is_file()
-        recipe = load_recipe(base) if resume else cfg.pretrain
+        recipe = load_run_recipe(base) if resume else cfg.pretrain
         train_lm(recipe, base, resume=resume)
     pretrain_seconds = time.perf_counter() - t0
     base_metrics = [json.loads(line) for line in (base / "metrics.jsonl").read_text().splitlines()]
@@ -188,7 +188,7 @@ def main() -> int:
         "started": started, "command": shlex.join(["python"] + sys.argv), "machine": machine(),
         "config": dataclasses.asdict(cfg), "pretrain_seconds": round(pretrain_seconds, 1),
         "base": {"shakespeare_valid_loss": base_full["loss"], "steps": base_full["step"], "bleu": before_bleu,
-                 "vocab_size": load_recipe(base).model.vocab_size,
+                 "vocab_size": load_run_recipe(base).model.vocab_size,
                  "task_loss": rows[0]["task_loss_before"]},
         "variants": rows, "total_seconds": round(time.perf_counter() - t_start, 1),
     }
@@ -231,9 +231,9 @@ def write_doc(path: Path, summary: dict, table: list[str], out: Path) -> None:
         "",
         f"Pretraining: character-level GPT, {pre['model']['n_layers']} layers x {pre['model']['d_model']}, context "
         f"{pre['train']['context']}, vocabulary {summary['base']['vocab_size']} (tinyshakespeare + cmn-eng "
-        f"train characters), {pre['train']['max_iters']} steps of {pre['train']['batch_size']} windows, seed "
+        f"train characters), {pre['train']['steps']} steps of {pre['train']['batch_size']} windows, seed "
         f"{pre['train']['seed']}; Shakespeare valid loss (full pass) {summary['base']['shakespeare_valid_loss']:.3f}.",
-        f"Fine-tuning: {ft['max_iters']} steps of {ft['batch_size']} cmn-eng pairs (lr {ft['lr']:g}, cosine, seed "
+        f"Fine-tuning: {ft['steps']} steps of {ft['batch_size']} cmn-eng pairs (lr {ft['lr']:g}, cosine, seed "
         f"{ft['seed']}); with lambda > 0 each step adds {ft['pretrain_batch_size']} Shakespeare windows. "
         "BLEU: greedy, sacreBLEU on the first "
         f"{summary['config']['experiment']['bleu_pairs']} cmn-eng valid pairs.",

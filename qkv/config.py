@@ -8,12 +8,15 @@ Defaults live once, in the dataclass fields. Every way of building a config (a p
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
+import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
+
+import yaml
+
+from qkv.io import DataError, did_you_mean, read_json, write_json
 
 T = TypeVar("T")
 
@@ -21,6 +24,15 @@ POSITIONAL = ("sinusoidal", "learned", "rope", "none")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 NORMS = ("post", "pre")
 ARCHS = ("transformer", "gpt")
+
+
+# Decoding as the paper's Section 6.1 does it, written once for every command and function: beam 4,
+# length penalty alpha = 0.6, outputs at most 50 tokens longer than their source; and the token
+# budget of one decoding batch (sources sorted by length and cut under it).
+BEAM = 4
+ALPHA = 0.6
+EXTRA = 50
+MAX_TOKENS = 4000
 
 
 class ConfigError(ValueError):
@@ -95,7 +107,7 @@ class ModelConfig:
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ConfigError(f"ModelConfig.{name}={value!r} is not one of {list(choices)}{_did_you_mean(value, choices)}")
+        raise ConfigError(f"ModelConfig.{name}={value!r} is not one of {list(choices)}{did_you_mean(value, choices)}")
 
 
 # Presets. The paper's sizes (Table 3) assume one shared source/target vocabulary of about 37,000
@@ -133,17 +145,12 @@ PAPER_PARAMS = {"transformer-base": "65M", "transformer-big": "213M", "gpt2-smal
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """A named preset, optionally with some fields replaced (``preset("tiny-gpt", vocab_size=100)``)."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}{_did_you_mean(name, PRESETS)}; known: {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; known: {sorted(PRESETS)}")
     return from_dict(ModelConfig, {**dataclasses.asdict(PRESETS[name]), **overrides}, where=f"preset {name}")
 
 
 # ----------------------------------------------------------------------------------------------
 # Building dataclasses from plain data (YAML, JSON, key=value), with errors that name the key.
-
-
-def _did_you_mean(key: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -152,7 +159,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return value
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)):
+    if origin in (typing.Union, getattr(types, "UnionType", typing.Union)):
         if value is None and type(None) in args:
             return None
         errors = []
@@ -218,8 +225,27 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+# Knobs that every job names the paper's way since recipes share one shape. A recipe file with an old
+# name gets an error that gives the new one; a run saved with old names is upgraded as it loads.
+RENAMED = {"max_steps": "steps", "max_iters": "steps", "grad_accum": "accumulate", "grad_clip": "clip_norm",
+           "eval_interval": "eval_every", "log_interval": "log_every", "checkpoint_interval": "checkpoint_every",
+           "lr_decay_iters": "decay_steps"}
+
+
+def _field_default(cls: type, name: str) -> Any:
+    f = next(f for f in fields(cls) if f.name == name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str | None = None) -> T:
-    """Build the dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the key."""
+    """Build the dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the key.
+
+    A section (a field that is itself a dataclass) given as a mapping is merged onto that field's
+    default: a recipe's partial ``model:`` keeps the recipe's default model for the keys it leaves
+    out, not the paper's base model.
+    """
     where = where or cls.__name__
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
@@ -228,7 +254,14 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str | None = None) -
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"{where}: unknown key {key!r}{_did_you_mean(key, names)}")
+            if RENAMED.get(key) in names:
+                raise ConfigError(f"{where}: {key!r} is called {RENAMED[key]!r} now (one set of names for every "
+                                  "recipe); rename it")
+            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, names)}")
+        if is_dataclass(hints[key]) and isinstance(value, Mapping):
+            default = _field_default(cls, key)
+            if is_dataclass(default):
+                value = {**to_dict(default), **value}
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     try:
         return cls(**kwargs)
@@ -247,20 +280,21 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
     Values are parsed as YAML scalars (so ``true``, ``1e-3`` and ``[1, 2]`` work) and then checked
     against the field's type by :func:`from_dict`.
     """
-    import yaml
-
     data = to_dict(cfg)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML; quote it (key='...')") from None
         node, parts = data, key.strip().split(".")
         for depth, part in enumerate(parts):
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {'.'.join(parts[:depth])} is not a section")
             if part not in node:
-                raise ConfigError(f"override {key!r}: unknown key {part!r}{_did_you_mean(part, node)}")
+                raise ConfigError(f"override {key!r}: unknown key {part!r}{did_you_mean(part, node)}")
             if depth == len(parts) - 1:
                 node[part] = value
             else:
@@ -270,8 +304,6 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file; a missing file or bad YAML is an error naming the file."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -291,18 +323,75 @@ def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> 
 
 
 def save_json(cfg: Any, path: str | Path) -> None:
-    """Save the resolved config (what actually ran) next to the weights."""
-    Path(path).write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    """Save the resolved config (what actually ran) next to the weights, atomically (a kill never truncates it)."""
+    write_json(path, to_dict(cfg))
+
+
+def upgrade_saved(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config saved before recipes had one shape, in today's: settings outside the sections go to ``train``
+    (translation runs were flat), and renamed knobs take their new names (:data:`RENAMED`)."""
+    data = dict(data)
+    sections = {f.name for f in fields(cls)}
+    if "train" not in sections:
+        return data
+    train = dict(data.get("train") or {})
+    for key in [k for k in data if k not in sections]:
+        train[key] = data.pop(key)
+    data["train"] = {RENAMED.get(k, k): v for k, v in train.items()}
+    return data
 
 
 def load_json(path: str | Path, cls: type[T]) -> T:
+    """Read a saved config (a run's ``config.json``) into ``cls``, upgraded if it is older than the recipe shape.
+
+    A missing or damaged file is an error naming it.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    return from_dict(cls, json.loads(path.read_text(encoding="utf-8")), where=str(path))
+    try:
+        data = read_json(path, "config")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return from_dict(cls, upgrade_saved(cls, data), where=str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# Recipes: YAML files with model, data and train sections, shipped inside the package and named by name.
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+
+
+def recipe_names(kind: str) -> list[str]:
+    """The recipes shipped for ``kind`` (``mt`` or ``lm``), by name."""
+    return sorted(p.stem for p in (RECIPES_DIR / kind).glob("*.yaml"))
+
+
+def recipe_file(kind: str, name: str | Path) -> Path:
+    """The YAML file of recipe ``name``: a shipped recipe of ``kind`` (``qkv/recipes/KIND/NAME.yaml``) or a path."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / kind / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        raise ConfigError(f"recipe file not found: {path}")
+    known = recipe_names(kind)
+    raise ConfigError(f"unknown {kind} recipe {str(name)!r}{did_you_mean(str(name), known)}; shipped: "
+                      f"{', '.join(known)} (or give the path of a YAML file)")
+
+
+def load_recipe(cls: type[T], kind: str, name: str | Path, overrides: Sequence[str] = ()) -> T:
+    """Recipe ``name`` (see :func:`recipe_file`) read into ``cls``, each section merged onto its defaults, then
+    ``section.key=value`` overrides; errors name the file and the key."""
+    return load_yaml(recipe_file(kind, name), cls, overrides)
 
 
 __all__ = [
-    "ConfigError", "ModelConfig", "PRESETS", "PAPER_PARAMS", "preset", "from_dict", "to_dict",
-    "apply_overrides", "read_yaml_mapping", "load_yaml", "save_json", "load_json", "field", "replace",
+    "BEAM", "ALPHA", "EXTRA", "MAX_TOKENS", "ConfigError", "ModelConfig", "PRESETS", "PAPER_PARAMS", "preset", "from_dict", "to_dict",
+    "apply_overrides", "read_yaml_mapping", "load_yaml", "save_json", "load_json", "upgrade_saved", "RENAMED",
+    "RECIPES_DIR", "recipe_names", "recipe_file", "load_recipe", "field", "replace",
 ]

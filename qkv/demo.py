@@ -5,44 +5,32 @@ with the paper's recipe (a smaller model, fewer steps), prints the test BLEU, tr
 that never occur in training, starting with "小明累了，他想睡觉。", draws the cross-attention of that
 sentence, and says where everything is and what to try next.
 
-The demo's settings live here (:data:`DEMO_CONFIG`), so an installed package needs no config file;
-``configs/mt/demo.yaml`` holds the same values for ``qkv train mt`` (a test keeps the two equal).
+The demo's settings are the shipped recipe ``qkv/recipes/mt/demo.yaml`` (``qkv train mt --recipe demo``
+trains the same model); it travels inside the package, so an installed qkv needs no file of its own.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from qkv.config import ModelConfig, apply_overrides
-from qkv.data.translation import DataConfig
-from qkv.training.train_mt import TrainConfig
+import numpy as np
 
+from qkv.config import BEAM
+from qkv.data.synthetic import SEED_SENTENCE, UNSEEN_EXAMPLES
+from qkv.generation.api import Translator
+from qkv.interpret.model_maps import translation_maps
+from qkv.interpret.plots import plot_attention
+from qkv.io import write_json
+from qkv.training.train_mt import load_train_config, train
+
+# The recipe: qkv/recipes/mt/demo.yaml, read like every other job's (`qkv train mt --recipe demo`).
 # Measured on the shared 2-core development machine (docs/results/demo.md): 30-160 s end to end
 # depending on the other jobs, test BLEU 99.9-100 and the seed sentence exact for seeds 1-5.
-DEMO_CONFIG = TrainConfig(
-    model=ModelConfig(arch="transformer", d_model=128, n_heads=4, d_ff=256, n_layers=2, dropout=0.1, max_len=128),
-    data=DataConfig(corpus="demo", src_lang="zh", tgt_lang="en", vocab_size=400, max_tokens=1500,
-                    max_src_len=64, max_tgt_len=64, demo_train=20000, demo_valid=500, demo_test=500),
-    seed=1,
-    max_steps=300,
-    warmup=100,
-    peak_lr=1e-3,
-    label_smoothing=0.1,
-    clip_norm=1.0,
-    eval_every=100,
-    eval_bleu_sentences=100,
-    eval_beam=1,
-    keep_checkpoints=3,
-    average_last=3,
-    test_beam=4,
-    log_every=25,
-)
-
+RECIPE = "demo"
 ATTENTION_PNG = "cross_attention_seed.png"
 RESULTS_JSON = "demo.json"
 
@@ -54,50 +42,32 @@ def _eprint(*parts: object) -> None:
 def plot_seed_attention(translator, source: str, out_png: str | Path) -> tuple[str, Path]:
     """Translate ``source`` and draw the cross-attention of its translation, one panel per head of each layer.
 
-    The weights come from one teacher-forced pass over the translation, captured with
-    :func:`qkv.interpret.capture.capture_attention` (the explicit attention path): row t is what the
-    decoder looked at in the source while producing output token t.
+    The maps are :func:`qkv.interpret.model_maps.translation_maps`, the same ones (with the same
+    labels) that ``qkv plot attention`` and the explorer draw: row t is what the decoder looked at in
+    the source while producing output token t.
 
     Returns:
         (the translation, the PNG path).
     """
-    import torch
-
-    from qkv.interpret.capture import capture_attention
-    from qkv.interpret.plots import plot_attention
-
-    tok, model = translator.tokenizer, translator.model
-    translation = translator.translate(source, beam=4)
-    src_ids = translator.encode_sources([source])[0]
-    out_ids = tok.encode(translation)
-    src = torch.tensor([src_ids], device=translator.device)
-    tgt_in = torch.tensor([[tok.bos_id] + out_ids], device=translator.device)
-    with torch.no_grad(), capture_attention(model) as maps:
-        model.eval()(src, tgt_in)
-    key_tokens = [tok.decode([i]).strip() or tok.id_to_token(i) for i in src_ids[:-1]] + ["<eos>"]
-    query_tokens = [tok.decode([i]).strip() or tok.id_to_token(i) for i in out_ids] + ["<eos>"]
+    payload = translation_maps(translator, source, beam=BEAM)
+    cross = [m for m in payload["maps"] if m["kind"] == "cross"]
     out_png = Path(out_png)
-    layers = maps.layers("cross")
     # One image per layer would scatter the figure; stack the layers' head grids into one PNG instead.
     paths = []
-    for layer, weights in enumerate(layers):
-        path = out_png.with_name(f"{out_png.stem}.layer{layer}{out_png.suffix}")
-        paths.append(plot_attention(weights[0], query_tokens, key_tokens, path,
-                                    title=f"cross-attention, layer {layer + 1} of {len(layers)}: "
-                                          f"{source} -> {translation}"))
+    for m in cross:
+        path = out_png.with_name(f"{out_png.stem}.layer{m['layer']}{out_png.suffix}")
+        paths.append(plot_attention(m["weights"], m["query_tokens"], m["key_tokens"], path,
+                                    title=f"cross-attention, layer {m['layer'] + 1} of {len(cross)}: "
+                                          f"{source} -> {payload['output']}"))
     _stack_images(paths, out_png)
     for p in paths:
         p.unlink()
-    return translation, out_png
+    return payload["output"], out_png
 
 
 def _stack_images(paths: Sequence[Path], out_png: Path) -> None:
     """Put PNGs one above the other in one file (matplotlib reads and writes them; no other library)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.image as mpimg
-    import numpy as np
+    import matplotlib.image as mpimg  # matplotlib is imported only when a figure is drawn
 
     images = [mpimg.imread(str(p)) for p in paths]
     width = max(im.shape[1] for im in images)
@@ -111,47 +81,43 @@ def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrid
 
     Args:
         run_dir: where the run is written.
-        seed: training seed (default :data:`DEMO_CONFIG`'s).
-        overrides: ``key=value`` changes to :data:`DEMO_CONFIG` (``max_steps=100`` for a quick look).
+        seed: training seed (default: the recipe's).
+        overrides: ``section.key=value`` changes to the demo recipe (``train.steps=100`` for a quick look).
         quiet: no progress bar (tests).
 
     Returns:
         0 (a demo that misses its targets still says so and exits normally).
     """
-    from qkv.data.synthetic import SEED_SENTENCE, UNSEEN_EXAMPLES
-    from qkv.generation.api import Translator
-    from qkv.training.train_mt import train
-
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    cfg = apply_overrides(DEMO_CONFIG, list(overrides)) if overrides else DEMO_CONFIG
+    cfg = load_train_config(RECIPE, list(overrides))
     if seed is not None:
-        cfg = replace(cfg, seed=seed)
+        cfg = replace(cfg, train=replace(cfg.train, seed=seed))
     m = cfg.model
     _eprint(f"qkv demo: training a Transformer ({m.n_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
             f"{m.n_heads} heads) to translate Chinese to English, on {cfg.data.demo_train:,} generated sentence "
-            f"pairs, for {cfg.max_steps} steps. Progress below; about two minutes on a laptop CPU.")
+            f"pairs, for {cfg.train.steps} steps. Progress below; about two minutes on a laptop CPU.")
     summary = train(cfg, run_dir, overwrite=True, desc="demo", quiet=quiet)
 
     translator = Translator.from_run(run_dir)
     examples = list(UNSEEN_EXAMPLES)
-    translations = translator.translate([zh for zh, _ in examples], beam=cfg.test_beam)
+    translations = translator.translate([zh for zh, _ in examples], beam=cfg.train.test_beam)
     seed_translation, png = plot_seed_attention(translator, SEED_SENTENCE[0], run_dir / ATTENTION_PNG)
     wall = time.perf_counter() - t0
     test = summary.get("test", {})
     results = {
         "wall_seconds": round(wall, 1), "train_seconds": summary["train_seconds"], "steps": summary["steps"],
-        "seed": cfg.seed, "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"),
+        "seed": cfg.train.seed, "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"),
         "test_exact": test.get("exact"), "seed_sentence": SEED_SENTENCE[0], "seed_translation": seed_translation,
         "seed_correct": seed_translation == SEED_SENTENCE[1], "parameters": summary["parameters"],
         "examples": [{"source": zh, "reference": en, "translation": hyp}
                      for (zh, en), hyp in zip(examples, translations)],
     }
-    (run_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(run_dir / RESULTS_JSON, results)
 
     print()
     print(f"Test BLEU: {test.get('bleu', float('nan')):.1f} (sacreBLEU, {test.get('sentences', 0)} test sentences "
-          f"never seen in training, beam {cfg.test_beam}); chrF {test.get('chrf', float('nan')):.1f}")
+          f"never seen in training, beam {cfg.train.test_beam}); chrF {test.get('chrf', float('nan')):.1f}")
     print()
     print("Unseen sentences (each holds a combination of words that never occurs in training):")
     width = max(len(zh) for zh, _ in examples)
@@ -171,11 +137,11 @@ def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrid
     print(f"  qkv eval mt --run {run_dir} --split test")
     print(f"  qkv explore --run {run_dir}                      # attention in the browser")
     print("  qkv data list                                      # the real corpora")
-    print("  qkv train mt --config configs/mt/multi30k_de_en.yaml   # German -> English on Multi30K")
+    print("  qkv train mt --recipe multi30k_de_en                  # German -> English on Multi30K")
     if not results["seed_correct"] or (test.get("bleu") or 0) < 90:
         _eprint("note: this run missed the demo's usual result (seed sentence exact, BLEU >= 90); "
-                "try again with --seed 2, or train longer: qkv demo max_steps=600")
+                "try again with --seed 2, or train longer: qkv demo train.steps=600")
     return 0
 
 
-__all__ = ["DEMO_CONFIG", "run_demo", "plot_seed_attention"]
+__all__ = ["RECIPE", "run_demo", "plot_seed_attention"]

@@ -10,10 +10,8 @@ import pytest
 import torch
 
 import qkv.cli
-from qkv.config import load_yaml
-from qkv.demo import ATTENTION_PNG, DEMO_CONFIG, RESULTS_JSON, run_demo
-from qkv.mt_commands import line_groups
-from qkv.training.train_mt import TrainConfig
+from qkv.demo import ATTENTION_PNG, RESULTS_JSON, run_demo
+from qkv.cli.mt import line_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,29 +21,20 @@ TINY_YAML = """\
 model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 1, dropout: 0.1, max_len: 64}
 data: {corpus: demo, vocab_size: 150, max_tokens: 300, max_src_len: 40, max_tgt_len: 40,
        demo_train: 300, demo_valid: 16, demo_test: 8}
-max_steps: 4
-warmup: 2
-peak_lr: 2.0e-3
-eval_every: 2
-eval_bleu_sentences: 4
-log_every: 1
-test_beam: 2
+train: {steps: 4, warmup: 2, peak_lr: 2.0e-3, eval_every: 2, eval_bleu_sentences: 4, log_every: 1, test_beam: 2}
 """
 
 TINY_OVERRIDES = ["model.d_model=32", "model.d_ff=64", "model.n_layers=1", "data.vocab_size=150",
-                  "data.demo_train=300", "data.demo_valid=16", "data.demo_test=8", "max_steps=4", "eval_every=2",
-                  "eval_bleu_sentences=4", "warmup=2", "test_beam=2"]
+                  "data.demo_train=300", "data.demo_valid=16", "data.demo_test=8", "train.steps=4", "train.eval_every=2",
+                  "train.eval_bleu_sentences=4", "train.warmup=2", "train.test_beam=2"]
 
-# Runs the commands the way `qkv` does once qkv.mt_commands is registered in qkv/cli.py.
-DRIVER = ("import sys, qkv.cli as c; m = 'qkv.mt_commands'; "
-          "c.COMMAND_MODULES += [m] if m not in c.COMMAND_MODULES else []; sys.exit(c.main(sys.argv[1:]))")
+# Runs the commands the way the `qkv` entry point does.
+DRIVER = "import sys, qkv.cli as c; sys.exit(c.main(sys.argv[1:]))"
 
 
 @pytest.fixture
-def qkv_main(monkeypatch):
-    """``qkv.cli.main`` with the translation commands registered."""
-    if "qkv.mt_commands" not in qkv.cli.COMMAND_MODULES:
-        monkeypatch.setattr(qkv.cli, "COMMAND_MODULES", [*qkv.cli.COMMAND_MODULES, "qkv.mt_commands"])
+def qkv_main():
+    """``qkv.cli.main``, the entry point."""
     return qkv.cli.main
 
 
@@ -56,18 +45,26 @@ def tiny_run(tmp_path_factory):
     config = root / "tiny.yaml"
     config.write_text(TINY_YAML, encoding="utf-8")
     run = root / "run"
-    mp = pytest.MonkeyPatch()
-    if "qkv.mt_commands" not in qkv.cli.COMMAND_MODULES:
-        mp.setattr(qkv.cli, "COMMAND_MODULES", [*qkv.cli.COMMAND_MODULES, "qkv.mt_commands"])
-    try:
-        assert qkv.cli.main(["train", "mt", "--config", str(config), "--run", str(run)]) == 0
-    finally:
-        mp.undo()
+    assert qkv.cli.main(["train", "mt", "--config", str(config), "--run", str(run)]) == 0
     return run
 
 
-def test_demo_config_matches_the_yaml():
-    assert load_yaml(ROOT / "configs" / "mt" / "demo.yaml", TrainConfig) == DEMO_CONFIG
+def test_the_demo_reads_the_shipped_recipe(monkeypatch, tmp_path):
+    """`qkv demo` trains exactly what `qkv train mt --recipe demo` trains."""
+    import qkv.demo
+    from qkv.training.train_mt import load_train_config
+
+    seen = {}
+
+    def fake_train(cfg, run_dir, **kw):
+        seen["cfg"] = cfg
+        raise KeyboardInterrupt  # stop before any work
+
+    monkeypatch.setattr(qkv.demo, "train", fake_train)
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(tmp_path / "demo", quiet=True)
+    assert seen["cfg"] == load_train_config("demo")
+    assert seen["cfg"].train.steps == 300 and seen["cfg"].data.corpus == "demo"
 
 
 def test_train_mt_writes_a_usable_run(tiny_run):
@@ -77,7 +74,7 @@ def test_train_mt_writes_a_usable_run(tiny_run):
 
 
 def test_resume_continues_from_the_last_checkpoint(tiny_run, qkv_main, capsys):
-    assert qkv_main(["train", "mt", "--run", str(tiny_run), "--resume", "max_steps=6"]) == 0
+    assert qkv_main(["train", "mt", "--run", str(tiny_run), "--resume", "train.steps=6"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 6
     steps = [r["step"] for r in map(json.loads, (tiny_run / "metrics.jsonl").read_text().splitlines())
@@ -87,14 +84,14 @@ def test_resume_continues_from_the_last_checkpoint(tiny_run, qkv_main, capsys):
 
 def test_train_mt_without_config_is_a_clear_error(qkv_main, capsys):
     assert qkv_main(["train", "mt"]) == 2
-    assert "--config" in capsys.readouterr().err
+    assert "--recipe" in capsys.readouterr().err
 
 
 def test_train_mt_unknown_key_suggests(qkv_main, tmp_path, capsys):
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_YAML, encoding="utf-8")
-    assert qkv_main(["train", "mt", "--config", str(config), "--run", str(tmp_path / "r"), "max_step=3"]) == 2
-    assert "did you mean 'max_steps'" in capsys.readouterr().err
+    assert qkv_main(["train", "mt", "--config", str(config), "--run", str(tmp_path / "r"), "train.step=3"]) == 2
+    assert "did you mean 'steps'" in capsys.readouterr().err
 
 
 def test_translate_files_keep_one_line_per_line(tiny_run, qkv_main, tmp_path):
@@ -193,7 +190,7 @@ def test_eval_mt_on_the_run_and_on_files(tiny_run, qkv_main, tmp_path, capsys):
 
 
 def test_eval_mt_picks_the_weights_of_the_run(tiny_run, qkv_main, capsys):
-    from qkv.training.checkpoint import average_checkpoints
+    from qkv.weights import average_checkpoints
     from safetensors.torch import load_file
 
     steps = sorted(tiny_run.glob("step_*.safetensors"))  # the trainer averages the last 5 (all that are kept)
@@ -211,14 +208,14 @@ def test_eval_mt_picks_the_weights_of_the_run(tiny_run, qkv_main, capsys):
 def test_train_group_tolerates_a_second_registration():
     import argparse
 
-    from qkv import mt_commands
+    from qkv.cli import common, mt
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    group = mt_commands.command_group(sub, "train", "train")
+    group = common.command_group(sub, "train", "train")
     group.add_parser("lm")
-    mt_commands.register(sub)
-    assert set(mt_commands.command_group(sub, "train", "train").choices) == {"lm", "mt"}
+    mt.register(sub)
+    assert set(common.command_group(sub, "train", "train").choices) == {"lm", "mt"}
 
 
 def test_demo_smoke(tmp_path, capsys):

@@ -9,15 +9,14 @@ import torch
 
 import qkv.cli
 from qkv.generation.compiled import cpu_compiler_available
-from qkv.lm_commands import command_group, register
+from qkv.cli.common import command_group
+from qkv.cli.lm import register
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
 
 
 @pytest.fixture(autouse=True)
 def _wired(monkeypatch):
-    if "qkv.lm_commands" not in qkv.cli.COMMAND_MODULES:
-        monkeypatch.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -32,21 +31,19 @@ def run(tmp_path_factory):
     cfg.write_text(
         "model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 2, max_len: 32, dropout: 0.0}\n"
         f"data: {{path: {root / 'corpus.txt'}}}\n"
-        "train: {batch_size: 4, max_iters: 6, warmup: 1, eval_interval: 3, eval_iters: 1}\n"
+        "train: {batch_size: 4, steps: 6, warmup: 1, eval_every: 3, eval_iters: 1}\n"
     )
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
-        if "qkv.lm_commands" not in qkv.cli.COMMAND_MODULES:
-            mp.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
         assert qkv.cli.main(["train", "lm", "--config", str(cfg), "--run", str(root / "run"), "--quiet",
-                             "train.max_iters=8"]) == 0
+                             "train.steps=8"]) == 0
     torch.set_num_threads(n)
     return root / "run"
 
 
 def test_train_lm_writes_a_run_and_a_json_summary(run, capsys):
-    assert json.loads((run / "config.json").read_text())["train"]["max_iters"] == 8  # the override
+    assert json.loads((run / "config.json").read_text())["train"]["steps"] == 8  # the override
     assert qkv.cli.main(["train", "lm", "--run", str(run), "--resume", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["step"] == 8
 
@@ -105,7 +102,7 @@ def test_finetune_with_lora_from_the_command_line(run, tmp_path, capsys):
     data = tmp_path / "pairs.jsonl"
     data.write_text('{"prompt": "All:", "response": " Speak."}\n{"prompt": "First", "response": " Citizen"}\n')
     assert qkv.cli.main(["finetune", "--run", str(run), "--data", str(data), "--valid", str(data), "--out",
-                         str(tmp_path / "ft"), "--lora", "2", "--quiet", "max_iters=4", "warmup=1"]) == 0
+                         str(tmp_path / "ft"), "--lora", "2", "--quiet", "train.steps=4", "train.warmup=1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["step"] == 4 and out["after"]["task_loss"] < out["before"]["task_loss"]
     assert qkv.cli.main(["eval", "lm", "--run", str(tmp_path / "ft"), "--json"]) == 0  # the base run's corpus
@@ -121,5 +118,5 @@ def test_register_joins_a_train_group_created_by_another_module():
     mt.add_parser("mt").set_defaults(func="mt")
     register(sub)
     assert parser.parse_args(["train", "mt"]).func == "mt"
-    assert parser.parse_args(["train", "lm", "--config", "x.yaml"]).config == "x.yaml"
+    assert parser.parse_args(["train", "lm", "--config", "x.yaml"]).recipe == "x.yaml"
     assert command_group(sub, "train", "") is mt

@@ -18,7 +18,6 @@ and both counts), because a silent misalignment would train a model on wrong tra
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import hashlib
 import html
@@ -34,11 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from qkv.io import DataError, decode_utf8, did_you_mean, read_lines, read_text_file
+
 ENV_VAR = "QKV_DATA"
-
-
-class DataError(ValueError):
-    """A corpus that is missing, malformed or different from the registry; the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ class Corpus:
         if self.kind != "parallel":
             raise DataError(f"corpus {self.name!r} is a {self.kind} corpus, not a parallel one (no splits)")
         if split not in self.splits:
-            raise DataError(f"corpus {self.name!r} has no split {split!r}{_did_you_mean(split, self.splits)}; "
+            raise DataError(f"corpus {self.name!r} has no split {split!r}{did_you_mean(split, self.splits, cutoff=0.5)}; "
                             f"its splits are {list(self.splits)}")
         if lang not in self.languages:
             raise DataError(f"corpus {self.name!r} has no language {lang!r}; its languages are {list(self.languages)}")
@@ -238,11 +235,6 @@ _CORPORA: tuple[Corpus, ...] = (
 _BY_NAME = {c.name: c for c in _CORPORA}
 
 
-def _did_you_mean(key: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def list_corpora() -> list[Corpus]:
     """Every registered corpus, in registry order."""
     return list(_CORPORA)
@@ -251,7 +243,7 @@ def list_corpora() -> list[Corpus]:
 def get_corpus(name: str) -> Corpus:
     """The registry entry of ``name``; an unknown name is an error with a "did you mean"."""
     if name not in _BY_NAME:
-        raise DataError(f"unknown corpus {name!r}{_did_you_mean(name, _BY_NAME)}; known: {sorted(_BY_NAME)}")
+        raise DataError(f"unknown corpus {name!r}{did_you_mean(name, _BY_NAME, cutoff=0.5)}; known: {sorted(_BY_NAME)}")
     return _BY_NAME[name]
 
 
@@ -341,41 +333,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def decode_utf8(data: bytes, path: str | Path) -> str:
-    """Decode ``data`` as UTF-8; a bad byte is an error naming the file, line and column."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        line_start = data.rfind(b"\n", 0, e.start) + 1
-        raise DataError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}, "
-            f"byte offset {e.start}: {e.reason})"
-        ) from None
-
-
-def read_text_file(path: str | Path) -> str:
-    """The whole file as UTF-8 text (errors name the file and line of the first bad byte)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"file not found: {path}")
-    return decode_utf8(path.read_bytes(), path)
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file, without their line endings.
-
-    Only ``\\n`` (and a ``\\r`` before it) ends a line: ``str.splitlines`` would also split on characters
-    such as U+2028 or U+0085 that can occur inside a sentence, and shift every later line of a
-    parallel corpus out of alignment.
-    """
-    text = read_text_file(path)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start an empty one
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 def read_parallel_files(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
+from qkv.data.corpora import get_corpus, read_parallel
+
 # Language codes of the registered corpora, as words for the instruction format.
 LANGUAGE_NAMES = {"zh": "Chinese", "en": "English", "de": "German", "fr": "French"}
 
@@ -107,8 +109,6 @@ def load_pairs(spec: str | Path, data_dir: str | None = None) -> list[Pair]:
     name, _, split = str(spec).partition(":")
     if not split:
         raise FileNotFoundError(f"{spec}: neither a JSONL file nor CORPUS:SPLIT (e.g. cmn-eng:train)")
-    from qkv.data.corpora import get_corpus, read_parallel
-
     corpus = get_corpus(name)
     src_lang, tgt_lang = corpus.languages[0], corpus.languages[1]
     src, tgt = read_parallel(name, split, src_lang, tgt_lang, data_dir)

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 from qkv.data.batching import Example
+from qkv.data.corpora import read_parallel, read_parallel_files
+from qkv.data.synthetic import demo_corpus
+from qkv.tokenizers.bpe import BPETokenizer
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,6 @@ class DataConfig:
 def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     """(source lines, target lines) of one split named in ``cfg`` (``cfg.train``, ``cfg.valid``...)."""
     if cfg.corpus == "demo":
-        from qkv.data.synthetic import demo_corpus
-
         splits = demo_corpus(cfg.demo_seed, cfg.demo_train, cfg.demo_valid, cfg.demo_test)
         if split not in splits:
             raise ValueError(f"the demo corpus has splits {sorted(splits)}, not {split!r}")
@@ -62,20 +63,14 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
         return list(src), list(tgt)
     directory = Path(cfg.corpus).expanduser()
     if "/" in cfg.corpus or directory.is_dir():
-        from qkv.data.corpora import read_parallel_files
-
         if not directory.is_dir():
             raise FileNotFoundError(f"corpus directory not found: {directory}")
         return read_parallel_files(directory / f"{split}.{cfg.src_lang}", directory / f"{split}.{cfg.tgt_lang}")
-    from qkv.data.corpora import read_parallel
-
     return read_parallel(cfg.corpus, split, cfg.src_lang, cfg.tgt_lang, cfg.data_dir)
 
 
 def train_joint_bpe(src: Sequence[str], tgt: Sequence[str], vocab_size: int):
     """One BPE vocabulary for both languages (Section 5.1), trained on the training pairs only."""
-    from qkv.tokenizers.bpe import BPETokenizer
-
     return BPETokenizer.train(list(src) + list(tgt), vocab_size)
 
 

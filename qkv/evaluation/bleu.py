@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from qkv.io import read_lines
+
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
     if len(hyps) != len(refs):
@@ -59,8 +61,6 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float | str | i
 
 def score_files(hyp_path: str | Path, ref_path: str | Path) -> dict[str, float | str | int]:
     """:func:`score` of two line-aligned UTF-8 files; errors name the files."""
-    from qkv.data.corpora import read_lines
-
     hyps, refs = read_lines(hyp_path), read_lines(ref_path)
     if len(hyps) != len(refs):
         raise ValueError(f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}: they must be line-aligned")

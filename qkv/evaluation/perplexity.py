@@ -13,7 +13,6 @@ Both predict each token from the tokens before it inside its window, so they agr
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -23,12 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.data.lm import windows_at
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+from qkv.io import autocast
 
 
 @torch.no_grad()
@@ -68,14 +62,14 @@ def evaluate_tokens(
         tail = [s for s in starts if s + context + 1 > len(tokens)]
         for i in range(0, len(full), batch_size):
             x, y = windows_at(tokens, torch.tensor(full[i:i + batch_size]), context)  # (B, T) each
-            with _autocast(device, autocast_dtype):
+            with autocast(device, autocast_dtype):
                 logits = model(x.to(device))
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
         for s in tail:
             n = len(tokens) - 1 - s
             x, y = windows_at(tokens, torch.tensor([s]), n)
-            with _autocast(device, autocast_dtype):
+            with autocast(device, autocast_dtype):
                 logits = model(x.to(device))
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
@@ -113,7 +107,7 @@ def estimate_loss(
     try:
         for _ in range(iters):
             x, y = windows_at(tokens, torch.randint(high, (batch_size,), generator=gen), context)
-            with _autocast(device, autocast_dtype):
+            with autocast(device, autocast_dtype):
                 logits = model(x.to(device))
             losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).item())
     finally:

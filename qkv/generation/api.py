@@ -4,27 +4,21 @@
     translator = Translator.from_run("runs/demo")
     translator.translate("小明累了，他想睡觉。")  # -> "Xiaoming is tired, he wants to sleep."
 
-A run directory (written by ``qkv train mt``) holds everything needed: ``config.json`` (the resolved
-training config, with the model under ``model``), ``tokenizer.json`` and ``model.safetensors``.
+A run directory (written by ``qkv train mt`` or ``qkv demo``, see :mod:`qkv.runs`) holds everything needed.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Sequence, overload
 
 import torch
 
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-class RunError(ValueError):
-    """A run directory whose files do not belong together (a config, tokenizer and weights of different runs)."""
-
+from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS
+from qkv.generation.beam import beam_search, greedy_search
+from qkv.io import DEVICE_DEFAULT, model_device
+from qkv.runs import Run, RunError, load_model, require_arch
 
 class InputTooLongError(ValueError):
     """A source sentence with more tokens than the model has positions."""
@@ -32,24 +26,6 @@ class InputTooLongError(ValueError):
     def __init__(self, message: str, index: int, n_tokens: int, limit: int) -> None:
         super().__init__(message)
         self.index, self.n_tokens, self.limit = index, n_tokens, limit
-
-
-def load_run_config(run_dir: str | Path) -> dict:
-    """The JSON of ``run_dir/config.json``; errors say what is missing."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory not found: {run_dir} (create one with `qkv train mt` or `qkv demo`)")
-    path = run_dir / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: missing {CONFIG_FILE} (the resolved config `qkv train mt` writes); "
-                                "is this a qkv run directory?")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunError(f"{path}: not a JSON config ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise RunError(f"{path}: no 'model' section; not a config written by `qkv train mt`")
-    return data
 
 
 class Translator:
@@ -61,7 +37,7 @@ class Translator:
         max_tokens: token budget of one decoding batch (sources are sorted by length and batched).
     """
 
-    def __init__(self, model, tokenizer, max_tokens: int = 4000) -> None:
+    def __init__(self, model, tokenizer, max_tokens: int = MAX_TOKENS) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -75,63 +51,30 @@ class Translator:
             raise RunError(f"the tokenizer's <pad> is {tokenizer.pad_id}, the model's pad_id is {model.cfg.pad_id}")
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, weights: str | Path | None = None, device: str | torch.device = "cpu",
-                 max_tokens: int = 4000) -> Translator:
-        """Load the model of a run directory.
+    def from_run(cls, run: Run | str | Path, weights: str | Path | None = None,
+                 device: str | torch.device | None = DEVICE_DEFAULT, max_tokens: int = MAX_TOKENS) -> Translator:
+        """Load the model of a run directory (see :mod:`qkv.runs`).
 
         Args:
-            run_dir: written by ``qkv train mt``.
+            run: written by ``qkv train mt`` or ``qkv demo``.
             weights: ``model``, ``best``, ``last``, ``average`` (files of the run) or a weights file
                 (default: ``model.safetensors``, else ``best``, else ``last``).
-            device: where to run.
+            device: where to run (``auto``: CUDA when present).
 
         Raises:
             FileNotFoundError: the directory or one of its files is missing (each is named).
-            RunError: files that do not belong together.
+            RunError: files that do not belong together, or a run of a GPT.
         """
-        from qkv.config import ConfigError, ModelConfig, from_dict
-        from qkv.models.transformer import Transformer
-        from qkv.tokenizers import TokenizerError, load_tokenizer
-        from qkv.training.checkpoint import CheckpointError, load_weights, run_weights
-
-        run_dir = Path(run_dir)
-        data = load_run_config(run_dir)
-        weights_path = run_weights(run_dir, weights)
-        missing = []
-        if not (run_dir / TOKENIZER_FILE).is_file():
-            missing.append(TOKENIZER_FILE)
-        if weights_path is None or not weights_path.is_file():
-            missing.append(str(weights_path) if weights is not None else f"{WEIGHTS_FILE} (nor best/last.safetensors)")
-        if missing:
-            raise FileNotFoundError(f"{run_dir}: missing {' and '.join(missing)}; a translation run holds "
-                                    f"{CONFIG_FILE}, {TOKENIZER_FILE} and {WEIGHTS_FILE}")
-        try:
-            cfg = from_dict(ModelConfig, data["model"], where=f"{run_dir / CONFIG_FILE}: model")
-        except ConfigError as e:
-            raise RunError(str(e)) from None
-        if cfg.arch != "transformer":
-            raise RunError(f"{run_dir} holds a {cfg.arch!r} model, not an encoder-decoder; `qkv translate` needs a "
-                           "run of `qkv train mt`")
-        try:
-            tokenizer = load_tokenizer(run_dir)
-        except TokenizerError as e:
-            raise RunError(str(e)) from None
-        if tokenizer.vocab_size != cfg.vocab_size:
-            raise RunError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size} entries but {run_dir / CONFIG_FILE} "
-                           f"says vocab_size {cfg.vocab_size}: the files come from different runs")
-        model = Transformer(cfg)
-        try:
-            load_weights(weights_path, model)
-        except CheckpointError as e:
-            raise RunError(f"{e}\n(the weights do not match {run_dir / CONFIG_FILE}: "
-                           "files from different runs?)") from None
-        return cls(model.to(device), tokenizer, max_tokens=max_tokens)
+        run = run if isinstance(run, Run) else Run(run)
+        require_arch(run, "transformer", "translation")
+        model, tokenizer = load_model(run, weights, device)
+        return cls(model, tokenizer, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------------------------------
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return model_device(self.model)
 
     @property
     def max_source_tokens(self) -> int:
@@ -181,14 +124,12 @@ class Translator:
             src[j, : len(r)] = torch.as_tensor(r)
         return src.to(self.device)
 
-    def translate_nbest(self, texts: Sequence[str], beam: int = 4, n_best: int | None = None, alpha: float = 0.6,
-                        extra: int = 50, truncate: bool = False) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, texts: Sequence[str], beam: int = BEAM, n_best: int | None = None, alpha: float = ALPHA,
+                        extra: int = EXTRA, truncate: bool = False) -> list[list[tuple[str, float]]]:
         """The ``n_best`` translations of each text with their scores (log P / length penalty), best first.
 
         ``beam=1`` is greedy search (score: the log-probability). An empty text gives ``[("", 0.0)]``.
         """
-        from qkv.generation.beam import beam_search, greedy_search
-
         n_best = n_best or 1
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
@@ -218,7 +159,7 @@ class Translator:
     def translate(self, texts: Sequence[str], beam: int = ..., alpha: float = ..., extra: int = ...,
                   truncate: bool = ...) -> list[str]: ...
 
-    def translate(self, texts, beam=4, alpha=0.6, extra=50, truncate=False):
+    def translate(self, texts, beam=BEAM, alpha=ALPHA, extra=EXTRA, truncate=False):
         """Translate one text (returns a string) or a list of texts (returns a list, same order).
 
         Args:
@@ -234,5 +175,4 @@ class Translator:
         return best[0] if single else best
 
 
-__all__ = ["Translator", "RunError", "InputTooLongError", "load_run_config",
-           "CONFIG_FILE", "TOKENIZER_FILE", "WEIGHTS_FILE"]
+__all__ = ["Translator", "RunError", "InputTooLongError"]

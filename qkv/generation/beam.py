@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from qkv.config import ALPHA, BEAM, EXTRA
 from qkv.modules.masks import padding_mask
 
 
@@ -49,7 +50,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_new_tokens(src: Tensor, pad_id: int, model_max_len: int, extra: int = 50,
+def max_new_tokens(src: Tensor, pad_id: int, model_max_len: int, extra: int = EXTRA,
                    limit: int | None = None) -> Tensor:
     """Per sentence, the most tokens to generate before ``<eos>``: source length + ``extra``.
 
@@ -173,7 +174,7 @@ def _stay_in_place(parents: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
+def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXTRA,
                   limit: int | None = None, use_cache: bool = True) -> list[list[int]]:
     """The most likely next token at every step, for a batch of sources.
 
@@ -229,8 +230,8 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = 50,
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4, alpha: float = 0.6,
-                n_best: int = 1, extra: int = 50, limit: int | None = None,
+def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = BEAM, alpha: float = ALPHA,
+                n_best: int = 1, extra: int = EXTRA, limit: int | None = None,
                 use_cache: bool = True) -> list[list[Hypothesis]]:
     """Beam search over a batch of sources (Section 6.1: beam 4, alpha 0.6, max length source + 50).
 

@@ -23,6 +23,8 @@ import torch
 from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.decode import generate
 from qkv.generation.sampling import check_sampling_args, next_token
+from qkv.io import DEVICE_DEFAULT, model_device
+from qkv.runs import Run, load_model, require_arch
 
 
 class Completer:
@@ -40,18 +42,19 @@ class Completer:
         self.tokenizer = tokenizer
         self.start_text = start_text
         self.compile = compile
-        self.device = next(model.parameters()).device
+        self.device = model_device(model)
         if compile:
             check_can_compile(self.device)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str | None = None, weights: str = "model",
-                 compile: bool = False) -> Completer:
-        """Load the model, tokenizer and start text of a run directory (``qkv train lm`` or ``qkv finetune``)."""
-        from qkv.training.lm_run import load_run
-
-        model, tokenizer, recipe = load_run(run_dir, device=device, which=weights)
-        return cls(model, tokenizer, start_text=recipe.data.start, compile=compile)
+    def from_run(cls, run: Run | str | Path, device: str | torch.device | None = DEVICE_DEFAULT,
+                 weights: str | Path | None = None, compile: bool = False) -> Completer:
+        """Load the model, tokenizer and start text of a run directory (``qkv train lm``, ``qkv finetune``,
+        ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path)."""
+        run = run if isinstance(run, Run) else Run(run)
+        require_arch(run, "gpt", "text generation")
+        model, tokenizer = load_model(run, weights, device)
+        return cls(model, tokenizer, start_text=run.start_text, compile=compile)
 
     @property
     def context(self) -> int:

@@ -11,15 +11,18 @@ The result is the explorer's payload: ``{"text", "output", "model_name", "maps":
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from qkv.generation.api import Translator
+from qkv.generation.decode import generate
 from qkv.interpret.capture import capture_attention
+from qkv.interpret.explorer.payload import MAX_TEXT_CHARS
+from qkv.io import evaluating, model_device
+from qkv.runs import Run, load_model
 
-MAX_TEXT_CHARS = 500
 
 
 def _token_strings(tokenizer, ids: list[int]) -> list[str]:
@@ -45,25 +48,32 @@ def _maps_list(maps, kinds_tokens: dict[str, tuple[list[str], list[str]]]) -> li
 
 @torch.no_grad()
 def translation_maps(translator, text: str, beam: int = 1) -> dict:
-    """Translate ``text`` and capture every attention map of the model producing that translation."""
+    """Translate ``text`` and capture every attention map of the model producing that translation.
+
+    The decoder reads ``<bos> y_1 ... y_n`` and produces ``y_1 ... y_n <eos>``: row t of a decoder map
+    (self or cross) is labeled with the token produced there, so a cross-attention row shows where
+    in the source the model looked while writing that word; the decoder's own keys are the tokens it
+    read (``<bos>`` first), so each row's last key is the token before its label.
+    """
     tok, model = translator.tokenizer, translator.model
     src_ids = translator.encode_sources([text])[0]
     if not src_ids:
         raise ValueError("the text is empty")
     output = translator.translate(text, beam=beam)
-    out_ids = tok.encode(output) + [tok.eos_id]
+    produced = tok.encode(output) + [tok.eos_id]  # y_1 ... y_n <eos>
+    read = [tok.bos_id] + produced[:-1]           # <bos> y_1 ... y_n: teacher forcing on the translation
     src = torch.tensor([src_ids], device=translator.device)
-    tgt_in = torch.tensor([[tok.bos_id] + out_ids[:-1]], device=translator.device)
-    with capture_attention(model) as maps:
+    tgt_in = torch.tensor([read], device=translator.device)
+    with evaluating(model), capture_attention(model) as maps:
         model(src, tgt_in)
     src_tokens = _token_strings(tok, src_ids)
-    tgt_in_tokens = _token_strings(tok, tgt_in[0].tolist())
+    read_tokens, produced_tokens = _token_strings(tok, read), _token_strings(tok, produced)
     return {
         "text": text, "output": output, "model_name": "encoder-decoder",
         "maps": _maps_list(maps, {
             "encoder_self": (src_tokens, src_tokens),
-            "decoder_self": (tgt_in_tokens, tgt_in_tokens),
-            "cross": (tgt_in_tokens, src_tokens),
+            "decoder_self": (produced_tokens, read_tokens),
+            "cross": (produced_tokens, src_tokens),
         }),
     }
 
@@ -71,8 +81,6 @@ def translation_maps(translator, text: str, beam: int = 1) -> dict:
 @torch.no_grad()
 def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> dict:
     """Continue ``text`` greedily and capture the self-attention over prompt and continuation."""
-    from qkv.generation import generate
-
     ids = tokenizer.encode(text)
     if not ids:
         ids = [tokenizer.bos_id if tokenizer.bos_id is not None else 0]
@@ -82,39 +90,24 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
     new = generate(model, [ids], min(max_new_tokens, room), temperature=0, eos_id=tokenizer.eos_id)[0]
     seq = ids + new
     with capture_attention(model) as maps:
-        model(torch.tensor([seq], device=next(model.parameters()).device))
+        model(torch.tensor([seq], device=model_device(model)))
     tokens = _token_strings(tokenizer, seq)
     return {"text": text, "output": tokenizer.decode(new), "model_name": "GPT",
             "maps": _maps_list(maps, {"self": (tokens, tokens)})}
 
 
-def run_arch(run_dir: str | Path) -> str:
-    """'transformer' or 'gpt', from the run's config.json; errors name what is missing."""
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no config.json; is this a qkv run directory (from `qkv train` or `qkv demo`)?")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    arch = (data.get("model") or {}).get("arch")
-    if arch not in ("transformer", "gpt"):
-        raise ValueError(f"{path}: model.arch is {arch!r}, expected 'transformer' or 'gpt'")
-    return arch
-
-
-def make_attention_provider(run_dir: str | Path, beam: int = 1, max_new_tokens: int = 32) -> Callable[[str], dict]:
+def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
+                            device: str | torch.device | None = "cpu") -> Callable[[str], dict]:
     """Load a run once; return text -> payload (the explorer's figure 6 and ``qkv plot attention``)."""
-    if run_arch(run_dir) == "transformer":
-        from qkv.generation.api import Translator
-
-        translator = Translator.from_run(run_dir)
+    run = run if isinstance(run, Run) else Run(run)
+    if run.arch == "transformer":
+        translator = Translator.from_run(run, device=device)
 
         def provide(text: str) -> dict:
             _check_text(text)
             return translation_maps(translator, text, beam)
     else:
-        from qkv.training.lm_run import load_run
-
-        model, tokenizer, _ = load_run(run_dir, device="cpu")
+        model, tokenizer = load_model(run, device=device)
 
         def provide(text: str) -> dict:
             _check_text(text)

@@ -77,16 +77,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TokenizerError(f"{path}: not a JSON tokenizer file: {e}") from None
     if isinstance(data, dict) and data.get("qkv_tokenizer") == "char":
-        from qkv.tokenizers.char import CharTokenizer
-
         return CharTokenizer.load(path)
     if isinstance(data, dict) and data.get("qkv_tokenizer") == "tiktoken":
-        from qkv.tokenizers.gpt2 import GPT2Tokenizer
-
         return GPT2Tokenizer.load(path)
     if isinstance(data, dict) and "model" in data:  # the `tokenizers` library's format
-        from qkv.tokenizers.bpe import BPETokenizer
-
         return BPETokenizer.load(path)
     raise TokenizerError(f"{path}: unknown tokenizer format (neither a qkv char tokenizer nor a `tokenizers` file)")
 
@@ -115,10 +109,13 @@ def check_id(i: int, vocab_size: int) -> int:
     return i
 
 
-from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402  (both import only the standard library here)
+# The implementations build on the interface above (and import it from here), so they come after it.
+# Each imports its own library (tokenizers, tiktoken) only when it is used.
+from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402
+from qkv.tokenizers.gpt2 import GPT2Tokenizer  # noqa: E402
 
 __all__ = [
-    "Tokenizer", "TokenizerError", "CharTokenizer", "BPETokenizer", "load_tokenizer", "as_int_list",
+    "Tokenizer", "TokenizerError", "CharTokenizer", "BPETokenizer", "GPT2Tokenizer", "load_tokenizer", "as_int_list",
     "SPECIAL_TOKENS", "PAD", "BOS", "EOS", "UNK", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "TOKENIZER_FILE",
 ]

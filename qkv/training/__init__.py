@@ -1,29 +1,19 @@
 """Training infrastructure shared by the translation and GPT trainers.
 
 optimizers (``optim``), learning-rate schedules (``schedules``), token losses (``losses``),
-atomic checkpoints (``checkpoint``), metrics and progress (``logging``) and curves (``plots``).
+atomic checkpoints (``checkpoint``; weights files are :mod:`qkv.weights`), metrics and progress (``logging``) and curves (``plots``).
 """
 
-from qkv.training.checkpoint import (
-    CheckpointError,
-    atomic_path,
-    atomic_paths,
-    average_checkpoints,
-    capture_rng_state,
-    list_checkpoints,
-    load_checkpoint,
-    load_state_dict_into,
-    load_weights,
-    restore_rng_state,
-    save_checkpoint,
-    save_weights,
-    unwrap_model,
-)
+from qkv.io import atomic_path, atomic_paths
+from qkv.training.checkpoint import capture_rng_state, list_checkpoints, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.training.logging import MetricsLogger, NonFiniteLossError, Progress, check_finite, read_metrics
 from qkv.training.losses import TokenLoss, label_smoothed_nll, masked_nll
 from qkv.training.optim import build_adam, build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, inverse_sqrt_lr, noam_lr, noam_peak_lr, set_lr
+from qkv.weights import (
+    CheckpointError, average_checkpoints, load_state_dict_into, load_weights, save_weights, unwrap_model,
+)
 
 __all__ = [
     "CheckpointError",

@@ -22,8 +22,6 @@ The run directory has the layout of a pretraining run (so ``qkv generate --run``
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,37 +32,37 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from safetensors.torch import save_file
+
 from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
+from qkv.io import atomic_path, autocast, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
-from qkv.training.checkpoint import atomic_path, load_checkpoint, load_weights, save_checkpoint, save_weights
-from qkv.training.lm_run import CONFIG_FILE, CURVES_FILE, LAST, MODEL_WEIGHTS, load_recipe, weights_file
+from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, LAST, RESULTS_FILE, Run
+from qkv.training.checkpoint import load_checkpoint, save_checkpoint
+from qkv.training.lm_run import MODEL_WEIGHTS, load_run_recipe
+from qkv.training.loop import LoopConfig, start
 from qkv.training.logging import MetricsLogger, Progress, check_finite
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
+from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
-from qkv.training.train_lm import autocast_dtype, resolve_device
-
-FINETUNE_FILE = "finetune.json"
-RESULTS_FILE = "results.json"
-ADAPTER_WEIGHTS = "adapter.safetensors"
+from qkv.weights import load_weights, save_weights
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
-    """Fine-tuning settings (the ``finetune`` section of ``configs/lm/forgetting.yaml``).
+class FinetuneConfig(LoopConfig):
+    """Fine-tuning settings: :class:`~qkv.training.loop.LoopConfig`'s knobs plus these (the ``train:`` section of
+    a fine-tuning recipe, e.g. ``finetune: train:`` in ``bench/forgetting.yaml``).
 
     Attributes:
-        max_iters: Optimizer steps.
         batch_size: Task examples per micro-batch.
-        grad_accum: Micro-batches per step.
-        lr, min_lr, warmup: The cosine schedule (peak, final, warmup steps).
+        lr, min_lr: The cosine schedule's peak and final rate (it ends at ``steps``).
         weight_decay: AdamW decay on matrices (it pulls toward zero, not toward the base weights).
         beta1, beta2: AdamW betas.
-        grad_clip: Clip the global gradient norm (0: off).
         mix: lambda in L = L_task + lambda * L_pretrain (0: plain fine-tuning).
         pretrain_batch_size: Windows per pretraining batch (0: ``batch_size``).
         lora_rank: Rank of the LoRA adapters (0: full fine-tuning).
@@ -72,24 +70,21 @@ class FinetuneConfig:
         lora_targets: Linear layers that get adapters.
         lora_dropout: Dropout on the adapters' input.
         truncate: Cut examples longer than the context instead of refusing them.
-        eval_interval: Evaluate every this many steps (and at the start and the end).
         eval_iters: Batches of the pretraining valid estimate during training.
         eval_pairs: Valid pairs scored during training (0: all); the final evaluation uses all.
-        log_interval: Log the train losses every this many steps.
-        seed: Seeds dropout, the adapters' initialization and both samplers.
-        device, dtype: As in pretraining (bf16 autocast on CUDA only).
     """
 
-    max_iters: int = 500
+    steps: int = 500
+    warmup: int = 50
+    eval_every: int = 100
+    log_every: int = 10
+    seed: int = 1234
     batch_size: int = 16
-    grad_accum: int = 1
     lr: float = 3e-4
     min_lr: float = 3e-5
-    warmup: int = 50
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
-    grad_clip: float = 1.0
     mix: float = 0.0
     pretrain_batch_size: int = 0
     lora_rank: int = 0
@@ -97,26 +92,30 @@ class FinetuneConfig:
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
     lora_dropout: float = 0.0
     truncate: bool = False
-    eval_interval: int = 100
     eval_iters: int = 20
     eval_pairs: int = 0
-    log_interval: int = 10
-    seed: int = 1234
-    device: str = "auto"
-    dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+        super().__post_init__()
+        for name in ("batch_size", "eval_iters"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"finetune.{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.mix < 0:
-            raise ConfigError(f"finetune.mix (lambda) must be >= 0, got {self.mix}")
+            raise ConfigError(f"train.mix (lambda) must be >= 0, got {self.mix}")
         if self.lora_rank < 0:
-            raise ConfigError(f"finetune.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+            raise ConfigError(f"train.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not 0 < self.lr or not 0 <= self.min_lr <= self.lr:
-            raise ConfigError(f"finetune: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
-        if self.max_iters <= self.warmup:
-            raise ConfigError(f"finetune: max_iters {self.max_iters} must exceed warmup {self.warmup}")
+            raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.steps <= self.warmup:
+            raise ConfigError(f"train: steps {self.steps} must exceed warmup {self.warmup}")
+
+
+@dataclass(frozen=True)
+class FinetuneRecipe:
+    """A fine-tuning recipe: only a ``train:`` section, since the model, its tokenizer and the pretraining
+    corpus are the base run's and the task pairs are named on the command line (``--data``)."""
+
+    train: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 @dataclass
@@ -131,10 +130,6 @@ class FinetuneResult:
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     train_seconds: float = 0.0
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def mixed_loss(
@@ -159,13 +154,13 @@ def mixed_loss(
     """
     device = next(model.parameters()).device
     x, y, mask = (t.to(device) for t in task_batch)
-    with _autocast(device, amp):
+    with autocast(device, amp):
         logits = model(x)  # (B, T, V)
     task = masked_nll(logits.float(), y, mask).loss
     if pretrain_batch is None or mix == 0:
         return task, task, None
     px, py = (t.to(device) for t in pretrain_batch)
-    with _autocast(device, amp):
+    with autocast(device, amp):
         plogits = model(px)  # (B, T, V)
     pretrain = F.cross_entropy(plogits.float().flatten(0, 1), py.flatten())
     return task + mix * pretrain, task, pretrain
@@ -184,7 +179,7 @@ def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int,
         order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
         for i in range(0, len(order), batch_size):
             x, y, mask = (t.to(device) for t in collate([examples[j] for j in order[i:i + batch_size]], pad_id))
-            with _autocast(device, amp):
+            with autocast(device, amp):
                 logits = model(x)
             out = masked_nll(logits.float(), y, mask)
             total += out.nll.item() * int(out.n_tokens)
@@ -203,6 +198,7 @@ def finetune(
     cfg: FinetuneConfig = FinetuneConfig(),
     *,
     resume: bool = False,
+    overwrite: bool = False,
     stop_at: int | None = None,
     quiet: bool = False,
     stream: TextIO | None = None,
@@ -218,6 +214,7 @@ def finetune(
         valid_pairs: Held-out task examples for the task loss (None: no task evaluation).
         cfg: Settings (mix for the mixed loss, lora_rank for LoRA).
         resume: Continue ``out_dir/last`` exactly (weights, optimizer, samplers, RNGs).
+        overwrite: Replace a run that ``out_dir`` already holds.
         stop_at: Stop after this step as if interrupted.
         quiet: No progress output.
         stream: Where progress goes (stderr by default).
@@ -228,27 +225,18 @@ def finetune(
         A :class:`FinetuneResult` (``before``/``after``: ``task_loss`` and ``pretrain_loss``, the latter a
         full pass over the pretraining corpus's validation split).
     """
-    from qkv.tokenizers import load_tokenizer
-
     base_run, out_dir = Path(base_run), Path(out_dir)
-    device = resolve_device(cfg.device)
-    amp = autocast_dtype(cfg.dtype, device)
-    recipe = load_recipe(base_run)
+    device, amp = start(cfg)
+    recipe = load_run_recipe(base_run)
     context = recipe.context
-    if resume:
-        if not (out_dir / f"{LAST}.pt").is_file():
-            raise FileNotFoundError(f"{out_dir}: nothing to resume (no {LAST}.pt checkpoint)")
-    elif (out_dir / f"{LAST}.pt").is_file():
-        raise ValueError(f"{out_dir} already holds a run; continue it with --resume or pick another --out")
     if out_dir.resolve() == base_run.resolve():
         raise ValueError("--out must differ from the base --run (the base weights would be overwritten)")
-    tokenizer = load_tokenizer(base_run)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    base = Run(base_run)
+    tokenizer = base.tokenizer()
+    Run(out_dir).prepare(resume, overwrite)
     tokenizer.save(out_dir)
     save_json(recipe, out_dir / CONFIG_FILE)
-    (out_dir / FINETUNE_FILE).write_text(json.dumps(
-        {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)}, indent=2, ensure_ascii=False) + "\n",
-        encoding="utf-8")
+    write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)})
 
     # Data: the task examples, and the base run's pretraining tokens for the mixed loss and for
     # measuring forgetting.
@@ -256,17 +244,19 @@ def finetune(
     train_examples = encode_pairs(train_pairs, tokenizer, context, cfg.truncate)
     valid_examples = encode_pairs(valid_pairs, tokenizer, context, cfg.truncate) if valid_pairs else []
     eval_examples = valid_examples[: cfg.eval_pairs] if cfg.eval_pairs else valid_examples
-    if not (base_run / TOKENS_FILE).is_file():
+    tokens = base.tokens_path
+    if tokens is None:
         raise FileNotFoundError(f"{base_run}: no {TOKENS_FILE}; the pretraining tokens are needed for the "
                                 "pretraining loss (re-run `qkv train lm` or copy the file)")
-    pretrain = LMData.from_tokens(load_tokens(base_run / TOKENS_FILE), recipe.data.valid_fraction, seed=cfg.seed + 1)
+    pretrain = LMData.from_tokens(load_tokens(tokens), recipe.data.valid_fraction, seed=cfg.seed + 1)
     sampler = PairSampler(train_examples, cfg.batch_size, pad_id, seed=cfg.seed)
     pretrain_bs = cfg.pretrain_batch_size or cfg.batch_size
 
-    # Model: the base weights only (a fresh optimizer and schedule), then adapters if LoRA.
+    # Model: the base weights only (a fresh optimizer and schedule), then adapters if LoRA. The seed
+    # is set again here so that the adapters' initialization does not depend on what was read before.
     torch.manual_seed(cfg.seed)
     model = GPT(recipe.model).to(device)
-    load_weights(weights_file(base_run), model)
+    load_weights(base.weights_path(), model)
     if cfg.lora_rank:
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha or None, cfg.lora_targets, cfg.lora_dropout)
     optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
@@ -296,7 +286,7 @@ def finetune(
         metrics.log(0, "valid", loss=before.get("task_loss"), pretrain_loss=before["pretrain_loss"])
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    progress = Progress(total=cfg.max_iters, desc="finetune", log_every=cfg.eval_interval, start_step=step,
+    progress = Progress(total=cfg.steps, desc="finetune", log_every=cfg.eval_every, start_step=step,
                         stream=stream, enabled=not quiet)
     progress.write(f"finetune {base_run} -> {out_dir}: {len(train_examples):,} examples, "
                    f"{n_train / 1e6:.3f}M trainable parameters"
@@ -313,31 +303,31 @@ def finetune(
 
     model.train()
     try:
-        while step < cfg.max_iters and (stop_at is None or step < stop_at):
+        while step < cfg.steps and (stop_at is None or step < stop_at):
             step += 1
-            lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.max_iters)
+            lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
             set_lr(optimizer, lr)
             sums = torch.zeros(3, device=device)  # total, task, pretrain
-            for _ in range(cfg.grad_accum):
+            for _ in range(cfg.accumulate):
                 pre_batch = pretrain.get_batch("train", pretrain_bs, context) if cfg.mix > 0 else None
                 total, task, pre = mixed_loss(model, sampler.next(), pre_batch, cfg.mix, amp)
-                (total / cfg.grad_accum).backward()
+                (total / cfg.accumulate).backward()
                 sums += torch.stack([total.detach(), task.detach(),
-                                     pre.detach() if pre is not None else torch.zeros((), device=device)]) / cfg.grad_accum
+                                     pre.detach() if pre is not None else torch.zeros((), device=device)]) / cfg.accumulate
             loss_value = check_finite(sums[0], step)
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
+            if cfg.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             task_value, pre_value = sums[1].item(), sums[2].item()
             result.losses.append(loss_value)
             result.task_losses.append(task_value)
             result.pretrain_losses.append(pre_value)
-            if step % cfg.log_interval == 0:
+            if step % cfg.log_every == 0:
                 extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
                 metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
             progress.update(step, loss=loss_value, lr=lr)
-            if step % cfg.eval_interval == 0 and step < cfg.max_iters:
+            if step % cfg.eval_every == 0 and step < cfg.steps:
                 ev = evaluate(full=False)
                 metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev["pretrain_loss"])
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
@@ -349,28 +339,24 @@ def finetune(
         result.step = step
         result.train_seconds = elapsed_before + time.perf_counter() - t0
 
-    if step == cfg.max_iters:
+    if step == cfg.steps:
         checkpoint()
         if cfg.lora_rank:
-            from safetensors.torch import save_file
-
-            with atomic_path(out_dir / ADAPTER_WEIGHTS) as tmp:
+            with atomic_path(out_dir / ADAPTER_FILE) as tmp:
                 save_file({k: v.contiguous().cpu() for k, v in lora_state_dict(model).items()}, str(tmp))
             merge_lora(model)  # the export is a plain GPT
         save_weights(out_dir / MODEL_WEIGHTS, model, metadata={"step": str(step), "base_run": str(base_run)})
         result.after = evaluate(full=True)
         metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after["pretrain_loss"])
-        (out_dir / RESULTS_FILE).write_text(json.dumps({
+        write_json(out_dir / RESULTS_FILE, {
             "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
             "mix": cfg.mix, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
-        }, indent=2) + "\n", encoding="utf-8")
+        })
         progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
                        + f" ({result.train_seconds:.0f} s)")
     metrics.close()
     if plot:
         try:
-            from qkv.training.plots import plot_curves
-
             plot_curves(out_dir / "metrics.jsonl", out_dir / CURVES_FILE)
         except (ValueError, ImportError):
             pass

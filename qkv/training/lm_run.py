@@ -1,35 +1,25 @@
-"""A GPT run directory: the recipe that describes it, the files it holds, and loading a model from it.
+"""A GPT recipe (model, data, train) as it is read from YAML and saved in a run, and a run converted from GPT-2.
 
-One directory holds everything needed to use or continue a language model (DESIGN, "Contracts"):
-
-    config.json         the resolved recipe (model, data, train), vocab_size set from the tokenizer
-    tokenizer.json      the tokenizer
-    tokens.bin(.json)   the corpus tokenized once (memory-mapped uint16/uint32, see qkv.data.lm)
-    last.safetensors    \\ the latest checkpoint: weights, and trainer state for an exact --resume
-    last.pt             /
-    best.safetensors    weights at the best validation loss so far
-    model.safetensors   the weights to use (written at the end; the best ones unless keep_best=false)
-    metrics.jsonl       one JSON object per logged event
-    curves.png          loss and learning rate against step
-
-A fine-tuning run (``qkv finetune``) has the same layout plus ``finetune.json``. A run converted from
-GPT-2 (``qkv convert gpt2``) holds config.json, tokenizer.json (+ tokenizer.bpe) and model.safetensors.
+The run directory itself (its files, weights and loading) is :mod:`qkv.runs`. A GPT run also holds
+``tokens.bin(.json)``, the corpus tokenized once (memory-mapped, see :mod:`qkv.data.lm`); a
+fine-tuning run (``qkv finetune``) holds ``finetune.json``; a run converted from GPT-2 (``qkv convert
+gpt2``) holds config.json, tokenizer.json (+ tokenizer.bpe) and model.safetensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from qkv.config import ModelConfig, load_json
+from qkv.config import ConfigError, ModelConfig, load_json, save_json
+from qkv.training.loop import LoopConfig
+from qkv.models.convert import gpt_from_hf
+from qkv.runs import CONFIG_FILE, LAST, Run, RunError
+from qkv.tokenizers.gpt2 import GPT2Tokenizer
+from qkv.weights import WEIGHTS_SUFFIX, save_weights
 
-CONFIG_FILE = "config.json"
-MODEL_WEIGHTS = "model.safetensors"
-BEST_WEIGHTS = "best.safetensors"
-LAST = "last"
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
+MODEL_WEIGHTS = f"model{WEIGHTS_SUFFIX}"
+BEST_WEIGHTS = f"best{WEIGHTS_SUFFIX}"
 
 
 def _gpt() -> ModelConfig:
@@ -68,87 +58,61 @@ class LMDataConfig:
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("char", "bytelevel", "gpt2"):
-            from qkv.config import ConfigError
-
             raise ConfigError(f"data.tokenizer must be 'char', 'bytelevel' or 'gpt2', got {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)
-class LMTrainConfig:
-    """The optimization recipe (defaults: nanoGPT's ``train_shakespeare_char.py``).
+class LMTrainConfig(LoopConfig):
+    """The ``train:`` section of a GPT recipe: :class:`~qkv.training.loop.LoopConfig`'s knobs (with nanoGPT's
+    ``train_shakespeare_char.py`` defaults) plus these.
 
     Attributes:
         batch_size: Windows per micro-batch.
         context: Tokens per window; 0 means the model's ``max_len``.
-        grad_accum: Micro-batches per optimizer step (the effective batch is their product).
-        max_iters: Optimizer steps.
-        max_minutes: Also stop once this much wall time has gone into the run (evaluations included),
-            with the same final evaluation and export as at ``max_iters`` (None: no limit). The cosine
-            still runs to ``decay_iters``: set ``max_iters`` so it ends near the budget.
         lr, min_lr: Peak and final learning rate of the cosine schedule.
-        warmup: Linear warmup steps.
-        lr_decay_iters: Step at which the cosine reaches ``min_lr``; 0 means ``max_iters``.
+        decay_steps: Step at which the cosine reaches ``min_lr``; 0 means ``steps``. With
+            ``max_minutes`` the cosine still runs to it: set ``steps`` so it ends near the budget.
         weight_decay: AdamW decay of matrices and embeddings (biases and LayerNorm gains get none).
         beta1, beta2: AdamW betas (nanoGPT uses 0.99 for beta2 on its small Shakespeare model).
-        grad_clip: Clip the global gradient norm to this (0: off).
-        eval_interval: Estimate train and valid loss every this many steps (and at the end).
-        eval_iters: Batches per estimate.
-        log_interval: Write the train loss to metrics.jsonl every this many steps.
-        checkpoint_interval: Save ``last`` every this many steps (0: only at evaluations and the end).
-        seed: Seeds the initial weights, dropout and the window sampler.
-        device: ``auto`` (CUDA if present), ``cpu`` or ``cuda``.
-        dtype: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (CUDA only).
+        eval_iters: Batches per loss estimate (every ``eval_every`` steps).
+        checkpoint_every: Save ``last`` every this many steps (0: only at evaluations and the end).
         compile: ``torch.compile`` the model (gains little on CPU; never required).
         keep_best: ``model.safetensors`` gets the weights of the best validation estimate, not the last.
-        threads: CPU threads for torch (0: torch's default). On a shared machine 1 can be faster than
-            2: a busy core stalls every multi-threaded operation.
     """
 
+    steps: int = 5000
+    warmup: int = 100
+    eval_every: int = 250
+    log_every: int = 10
+    seed: int = 1337
     batch_size: int = 64
     context: int = 0
-    grad_accum: int = 1
-    max_iters: int = 5000
-    max_minutes: float | None = None
     lr: float = 1e-3
     min_lr: float = 1e-4
-    warmup: int = 100
-    lr_decay_iters: int = 0
+    decay_steps: int = 0
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
-    grad_clip: float = 1.0
-    eval_interval: int = 250
     eval_iters: int = 200
-    log_interval: int = 10
-    checkpoint_interval: int = 0
-    seed: int = 1337
-    device: str = "auto"
-    dtype: str = "auto"
+    checkpoint_every: int = 0
     compile: bool = False
     keep_best: bool = True
-    threads: int = 0
 
     def __post_init__(self) -> None:
-        from qkv.config import ConfigError
-
-        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "log_interval"):
+        super().__post_init__()
+        for name in ("batch_size", "eval_iters"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("context", "warmup", "lr_decay_iters", "checkpoint_interval", "threads"):
+        for name in ("context", "decay_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ConfigError(f"train.max_minutes must be > 0 (or null), got {self.max_minutes}")
         if not 0 < self.lr or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
-        if self.dtype not in ("auto", "fp32", "bf16"):
-            raise ConfigError(f"train.dtype must be auto, fp32 or bf16, got {self.dtype!r}")
 
     @property
-    def decay_iters(self) -> int:
-        return self.lr_decay_iters or self.max_iters
+    def decay_end(self) -> int:
+        """The step at which the cosine reaches ``min_lr``."""
+        return self.decay_steps or self.steps
 
 
 @dataclass(frozen=True)
@@ -160,8 +124,6 @@ class LMRecipe:
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
 
     def __post_init__(self) -> None:
-        from qkv.config import ConfigError
-
         if self.model.arch != "gpt":
             raise ConfigError(f"model.arch must be 'gpt' for a language model, got {self.model.arch!r}")
         if self.train.context > self.model.max_len:
@@ -175,50 +137,12 @@ class LMRecipe:
         return self.train.context or self.model.max_len
 
 
-def load_recipe(run_dir: str | Path) -> LMRecipe:
+def load_run_recipe(run_dir: str | Path) -> LMRecipe:
     """The resolved recipe saved in a run directory."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: not a qkv GPT run directory (no {CONFIG_FILE})")
     return load_json(path, LMRecipe)
-
-
-def weights_file(run_dir: str | Path, which: str = "model") -> Path:
-    """The weights to use: ``model`` (the export), ``best`` or ``last``; ``model`` falls back to best, then last."""
-    from qkv.training.checkpoint import run_weights
-
-    names = ("model", "best", "last")
-    if which not in names:
-        raise ValueError(f"weights must be one of {sorted(names)}, got {which!r}")
-    path = run_weights(run_dir, None if which == "model" else which)
-    if path is None or not path.is_file():
-        tried = [f"{n}.safetensors" for n in (names if which == "model" else (which,))]
-        raise FileNotFoundError(f"{run_dir}: no weights ({', '.join(tried)})")
-    return path
-
-
-def load_run(run_dir: str | Path, device: str | None = None, which: str = "model") -> tuple[Any, Any, LMRecipe]:
-    """Build the GPT of a run directory with its weights, in eval mode, and its tokenizer.
-
-    Returns:
-        ``(model, tokenizer, recipe)``.
-    """
-    import torch
-
-    from qkv.models.gpt import GPT
-    from qkv.tokenizers import load_tokenizer
-    from qkv.training.checkpoint import load_weights
-
-    recipe = load_recipe(run_dir)
-    tokenizer = load_tokenizer(run_dir)
-    if tokenizer.vocab_size != recipe.model.vocab_size:
-        raise ValueError(f"{run_dir}: tokenizer has {tokenizer.vocab_size} entries, config.json says "
-                         f"vocab_size={recipe.model.vocab_size}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = GPT(recipe.model).to(dev)
-    load_weights(weights_file(run_dir, which), model)
-    model.eval()
-    return model, tokenizer, recipe
 
 
 def convert_gpt2_run(source: str | Path, run_dir: str | Path) -> Path:
@@ -233,16 +157,13 @@ def convert_gpt2_run(source: str | Path, run_dir: str | Path) -> Path:
         source: a model name Hugging Face can load (downloads it) or a folder saved by ``save_pretrained``.
         run_dir: the new run directory (it must not hold a run yet).
     """
-    from transformers import GPT2LMHeadModel
-
-    from qkv.config import save_json
-    from qkv.models.convert import gpt_from_hf
-    from qkv.tokenizers.gpt2 import GPT2Tokenizer
-    from qkv.training.checkpoint import save_weights
-
+    try:
+        from transformers import GPT2LMHeadModel  # optional: only this command needs it
+    except ImportError:
+        raise RunError("converting GPT-2 needs transformers: pip install 'qkv[hf,gpt2]'") from None
     run_dir, folder = Path(run_dir), Path(source)
-    if (run_dir / CONFIG_FILE).exists():
-        raise ValueError(f"{run_dir} already holds a run; pick another --run")
+    if Run(run_dir).exists:
+        raise RunError(f"{run_dir} already holds a run; pick another --run")
     if (folder / "merges.txt").is_file() and (folder / "vocab.json").is_file():
         tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
     else:

@@ -17,25 +17,28 @@ RUN`` is different: only the weights of another run, with a fresh optimizer and 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 import torch
 import torch.nn.functional as F
 
-from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, save_json
+from qkv.config import ConfigError, load_recipe, save_json
+from qkv.data.corpora import get_corpus, read_parallel, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
+from qkv.io import autocast, read_text_file
 from qkv.models.gpt import GPT
-from qkv.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
-from qkv.training.lm_run import (
-    BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST, MODEL_WEIGHTS, LMDataConfig, LMRecipe, weights_file,
-)
+from qkv.runs import CONFIG_FILE, CURVES_FILE, LAST, Run
+from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
+from qkv.tokenizers.gpt2 import GPT2Tokenizer
+from qkv.training.checkpoint import load_checkpoint, save_checkpoint
+from qkv.training.lm_run import BEST_WEIGHTS, MODEL_WEIGHTS, LMDataConfig, LMRecipe
+from qkv.weights import load_weights, save_weights
+from qkv.training.loop import start
 from qkv.training.logging import MetricsLogger, Progress, check_finite
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
@@ -45,54 +48,10 @@ from qkv.training.schedules import cosine_lr, set_lr
 # Recipes: YAML sections merged onto the defaults, so a file states only what it changes.
 
 
-def recipe_from_dict(data: Mapping[str, Any], where: str = "recipe") -> LMRecipe:
-    """An :class:`LMRecipe` from a mapping with optional ``model``, ``data`` and ``train`` sections.
-
-    Each section is merged onto that section's defaults (the ``model`` defaults are nanoGPT's
-    shakespeare-char GPT), so unknown keys are still errors with a "did you mean".
-    """
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping with sections model, data, train; got {type(data).__name__}")
-    default = dataclasses.asdict(LMRecipe())
-    merged: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in default and isinstance(value, Mapping):
-            merged[key] = {**default[key], **value}
-        else:
-            merged[key] = value
-    return from_dict(LMRecipe, merged, where=where)
-
-
-def load_recipe_file(path: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
-    """Read ``configs/lm/*.yaml`` and apply ``section.key=value`` overrides; errors name the file and key."""
-    recipe = recipe_from_dict(read_yaml_mapping(path), where=str(path))
-    return apply_overrides(recipe, overrides) if overrides else recipe
-
-
-# ----------------------------------------------------------------------------------------------
-# Devices and precision.
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when present, else CPU; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA (``auto`` or ``bf16``); None (fp32) on CPU, where bf16 is 6-100x slower."""
-    if dtype == "bf16" and device.type != "cuda":
-        raise ValueError("dtype 'bf16' is for CUDA only: CPUs without bf16 units run it 6-100x slower; use fp32")
-    if device.type == "cuda" and dtype in ("auto", "bf16"):
-        return torch.bfloat16
-    return None
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+def load_lm_recipe(name: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
+    """A shipped recipe (``baby``, ``shakespeare_char``...; ``qkv/recipes/lm/``) or a YAML file, with
+    ``section.key=value`` overrides; errors name the file and key."""
+    return load_recipe(LMRecipe, "lm", name, overrides)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,18 +61,12 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abs
 def read_corpus(cfg: LMDataConfig) -> str:
     """The training text: ``cfg.path`` if set, else the registered corpus ``cfg.corpus``."""
     if cfg.path:
-        from qkv.data.corpora import read_text_file
-
         return read_text_file(cfg.path)
-    from qkv.data.corpora import read_text
-
     return read_text(cfg.corpus, cfg.data_dir or None)
 
 
 def vocabulary_texts(cfg: LMDataConfig) -> list[str]:
     """The extra texts (``data.vocab_extra``) the vocabulary must cover besides the training text."""
-    from qkv.data.corpora import get_corpus, read_parallel, read_text, read_text_file
-
     texts = []
     for entry in cfg.vocab_extra:
         name, _, split = entry.partition(":")
@@ -132,22 +85,16 @@ def build_tokenizer(cfg: LMDataConfig, texts: Sequence[str]) -> Any:
     """A character or byte-level BPE tokenizer over ``texts``, with ``<pad> <bos> <eos> <unk>`` at 0-3,
     or GPT-2's own (``gpt2``: nothing to learn, and GPT-2's ids)."""
     if cfg.tokenizer == "gpt2":
-        from qkv.tokenizers.gpt2 import GPT2Tokenizer
-
         return GPT2Tokenizer.from_tiktoken()
     if cfg.tokenizer == "char":
-        from qkv.tokenizers.char import CharTokenizer
-
         return CharTokenizer.train(texts, specials=True)
-    from qkv.tokenizers.bpe import BPETokenizer
-
     if cfg.vocab_size < 260:
         raise ConfigError(f"data.vocab_size must be set (>= 260) for a byte-level BPE, got {cfg.vocab_size}")
     return BPETokenizer.train(texts, vocab_size=cfg.vocab_size, kind="bytelevel")
 
 
 def _tokenizer_id(run_dir: Path) -> str:
-    return (run_dir / "tokenizer.json").read_text(encoding="utf-8")
+    return (run_dir / TOKENIZER_FILE).read_text(encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,6 +129,7 @@ def train_lm(
     run_dir: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     init_from: str | Path | None = None,
     stop_at: int | None = None,
     quiet: bool = False,
@@ -192,10 +140,11 @@ def train_lm(
 
     Args:
         recipe: Model, data and training settings (``vocab_size`` is replaced by the tokenizer's).
-        run_dir: Where everything is written (see :mod:`qkv.training.lm_run`).
+        run_dir: Where everything is written (see :mod:`qkv.runs`).
         resume: Continue from ``run_dir/last``: weights, optimizer, step, sampler and RNG states.
+        overwrite: Replace a run that ``run_dir`` already holds.
         init_from: Start from another run's weights (and tokenizer) with a fresh optimizer.
-        stop_at: Stop after this step as if interrupted (the schedule still ends at ``max_iters``).
+        stop_at: Stop after this step as if interrupted (the schedule still ends at ``steps``).
         quiet: No progress output.
         stream: Where progress goes (stderr by default).
         plot: Draw ``curves.png`` at the end (matplotlib takes a few seconds to import).
@@ -205,30 +154,21 @@ def train_lm(
     """
     run_dir = Path(run_dir)
     tc = recipe.train
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    device = resolve_device(tc.device)
-    amp = autocast_dtype(tc.dtype, device)
+    device, amp = start(tc)
     context = recipe.context
-    if tc.decay_iters <= tc.warmup:
-        raise ConfigError(f"train: the cosine decay must end after warmup (lr_decay_iters or max_iters "
-                          f"{tc.decay_iters} <= warmup {tc.warmup})")
+    if tc.decay_end <= tc.warmup:
+        raise ConfigError(f"train: the cosine decay must end after warmup (train.decay_steps or train.steps "
+                          f"{tc.decay_end} <= warmup {tc.warmup})")
     if resume and init_from:
         raise ValueError("--resume continues this run; --init-from starts a new one from other weights: pick one")
 
     # 1. Tokenizer: reloaded when resuming, taken from the source run with --init-from, else built.
-    from qkv.tokenizers import load_tokenizer
-
+    Run(run_dir).prepare(resume, overwrite)
     if resume:
-        if not (run_dir / f"{LAST}.pt").is_file():
-            raise FileNotFoundError(f"{run_dir}: nothing to resume (no {LAST}.pt checkpoint)")
         tokenizer = load_tokenizer(run_dir)
     else:
-        if (run_dir / f"{LAST}.pt").is_file():
-            raise ValueError(f"{run_dir} already holds a run; continue it with --resume or pick another --run")
-        run_dir.mkdir(parents=True, exist_ok=True)
         if init_from:
-            tokenizer = load_tokenizer(init_from)
+            tokenizer = Run(init_from).tokenizer()
         else:
             tokenizer = build_tokenizer(recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
         tokenizer.save(run_dir)
@@ -240,11 +180,10 @@ def train_lm(
     data = LMData.from_tokens(tokens, recipe.data.valid_fraction, seed=tc.seed)
     data.check_context(context)
 
-    # 3. Model and optimizer. The seed fixes the initial weights and the dropout masks.
-    torch.manual_seed(tc.seed)
+    # 3. Model and optimizer. The seed (set by start) fixes the initial weights and the dropout masks.
     model = GPT(recipe.model).to(device)
     if init_from:
-        load_weights(weights_file(init_from), model)
+        load_weights(Run(init_from).weights_path(), model)
     optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
     step, best, elapsed_before = 0, math.inf, 0.0
     if resume:
@@ -255,7 +194,7 @@ def train_lm(
 
     metrics = MetricsLogger(run_dir)
     budget = tc.max_minutes * 60 if tc.max_minutes is not None else None
-    progress = Progress(total=tc.max_iters, desc="train lm", log_every=tc.eval_interval, start_step=step,
+    progress = Progress(total=tc.steps, desc="train lm", log_every=tc.eval_every, start_step=step,
                         seconds_left=None if budget is None else budget - elapsed_before,
                         stream=stream, enabled=not quiet)
     if not quiet:
@@ -264,7 +203,7 @@ def train_lm(
                        f"{len(data.train):,} train / {len(data.valid):,} valid tokens, context {context}, "
                        f"device {device}{' bf16' if amp else ' fp32'}" + (f", resuming at step {step}" if resume else ""))
     result = TrainResult(run_dir, step, best_valid=best)
-    tokens_per_step = tc.batch_size * context * tc.grad_accum
+    tokens_per_step = tc.batch_size * context * tc.accumulate
     t0 = time.perf_counter()
 
     def evaluate() -> dict[str, float]:
@@ -282,35 +221,35 @@ def train_lm(
     model.train()
     out_of_time = False
     try:
-        while step < tc.max_iters and not out_of_time and (stop_at is None or step < stop_at):
+        while step < tc.steps and not out_of_time and (stop_at is None or step < stop_at):
             step += 1
-            lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_iters)
+            lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_end)
             set_lr(optimizer, lr)
 
             # Forward and backward over grad_accum micro-batches; the loss is their mean.
             loss_sum = torch.zeros((), device=device)
-            for _ in range(tc.grad_accum):
+            for _ in range(tc.accumulate):
                 x, y = data.get_batch("train", tc.batch_size, context)  # (B, T) each
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with _autocast(device, amp):
+                with autocast(device, amp):
                     logits = forward(x)  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.grad_accum
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
                 loss.backward()
                 loss_sum += loss.detach()
             loss_value = check_finite(loss_sum, step)  # before the update: never step on a NaN
-            if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            if tc.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             result.losses.append(loss_value)
 
-            if step % tc.log_interval == 0:
+            if step % tc.log_every == 0:
                 metrics.log(step, "train", loss=loss_value, lr=lr)
             progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
 
             out_of_time = budget is not None and elapsed_before + time.perf_counter() - t0 >= budget
-            last = step == tc.max_iters or out_of_time
-            if step % tc.eval_interval == 0 or last:
+            last = step == tc.steps or out_of_time
+            if step % tc.eval_every == 0 or last:
                 losses = evaluate()
                 result.valid_loss = losses["valid"]
                 metrics.log(step, "valid", loss=losses["valid"], train_estimate=losses["train"])
@@ -319,7 +258,7 @@ def train_lm(
                     best = losses["valid"]
                     save_weights(run_dir / BEST_WEIGHTS, model, metadata={"step": str(step), "valid_loss": f"{best:.6f}"})
                 checkpoint()
-            elif tc.checkpoint_interval and step % tc.checkpoint_interval == 0:
+            elif tc.checkpoint_every and step % tc.checkpoint_every == 0:
                 checkpoint()
             elif stop_at is not None and step == stop_at:
                 checkpoint()
@@ -328,7 +267,7 @@ def train_lm(
         result.step, result.best_valid = step, best
         result.train_seconds = elapsed_before + time.perf_counter() - t0
 
-    if step == tc.max_iters or out_of_time:
+    if step == tc.steps or out_of_time:
         # The export: the best weights (or the last), and a full pass over the validation split.
         if tc.keep_best and (run_dir / BEST_WEIGHTS).is_file():
             load_weights(run_dir / BEST_WEIGHTS, model)

@@ -1,7 +1,7 @@
 """Train a translation Transformer: the paper's recipe (Section 5), as one linear function that reads top to bottom.
 
-    qkv train mt --config configs/mt/demo.yaml --run runs/demo
-    qkv train mt --run runs/demo --resume max_steps=3000     # continue after an interruption
+    qkv train mt --recipe demo --run runs/demo
+    qkv train mt --run runs/demo --resume train.steps=3000     # continue after an interruption
 
 The recipe: a joint BPE vocabulary (5.1); token-budget batches of similar lengths (5.1); Adam with
 beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9 and a learning rate that rises linearly for ``warmup`` steps
@@ -11,7 +11,7 @@ accumulation, periodic validation (loss, and BLEU on a sample), best and last ch
 average of the last K checkpoints (6.1: "averaging the last 5 checkpoints"), early stopping, and an
 exact resume.
 
-Everything a run produces is in its directory: ``config.json`` (the resolved config), ``tokenizer.json``,
+Everything a run produces is in its directory (:mod:`qkv.runs`): ``config.json`` (the resolved config), ``tokenizer.json``,
 ``model.safetensors`` (the weights to use), ``last.*`` (the full trainer state), ``best.safetensors``,
 ``step_N.safetensors`` (the last K, for averaging), ``metrics.jsonl``, ``curves.png`` and
 ``results.json`` (test scores).
@@ -19,7 +19,6 @@ Everything a run produces is in its directory: ``config.json`` (the resolved con
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -30,14 +29,18 @@ from typing import Any, Sequence
 
 import torch
 
-from qkv.config import ConfigError, ModelConfig, apply_overrides, load_json, load_yaml, save_json
+from qkv.config import ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, apply_overrides, load_json, load_recipe, save_json
 from qkv.data.batching import BatchStream, eval_batches
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
+from qkv.evaluation.bleu import score
+from qkv.generation.api import Translator
+from qkv.io import autocast, write_json
 from qkv.models.transformer import Transformer
+from qkv.runs import CONFIG_FILE, CURVES_FILE, LAST, METRICS_FILE, RESULTS_FILE, Run
 from qkv.tokenizers import load_tokenizer
-from qkv.training.checkpoint import (
-    average_checkpoints, load_checkpoint, load_state_dict_into, load_weights, save_checkpoint, save_weights,
-)
+from qkv.training.checkpoint import load_checkpoint, save_checkpoint
+from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
+from qkv.training.loop import LoopConfig, start
 from qkv.training.logging import MetricsLogger, Progress, check_finite
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
@@ -51,25 +54,16 @@ def _default_model() -> ModelConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything a translation run needs; the YAML files in ``configs/mt/`` fill it.
+class MTTrainConfig(LoopConfig):
+    """The ``train:`` section of a translation recipe: :class:`~qkv.training.loop.LoopConfig`'s knobs plus these.
 
     Attributes:
-        model: the Transformer (``vocab_size`` and ``pad_id`` come from the tokenizer).
-        data: corpus, splits, vocabulary size, batch token budget.
-        seed: seeds the weights, dropout and the batch order.
-        max_steps: optimizer updates (the paper: 100,000 for the base model).
-        max_minutes: stop after this much training time as well (None: no limit).
-        accumulate: batches whose gradients are summed into one update (a bigger effective batch).
         peak_lr: the learning rate at the end of warmup; None uses the paper's formula,
             ``lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``.
         lr_factor: multiplier of the paper's formula (when ``peak_lr`` is None).
-        warmup: warmup steps (the paper: 4000).
         adam_betas, adam_eps: the paper's Adam (0.9, 0.98), 1e-9.
         weight_decay: L2 penalty (the paper: none).
         label_smoothing: epsilon_ls (the paper: 0.1).
-        clip_norm: clip the gradient's global norm to this (0: no clipping).
-        eval_every: validate, checkpoint and maybe stop every this many steps.
         eval_bleu_sentences: validation sentences translated for BLEU at each evaluation (0: loss only).
         eval_beam: beam size of those translations (1: greedy, fast).
         best_metric: ``loss`` (validation NLL) or ``bleu`` picks the best checkpoint and drives early stopping.
@@ -78,68 +72,57 @@ class TrainConfig:
         average_last: average the last K step checkpoints at the end (0 or 1: no averaging).
         test_beam: beam size for the test set at the end.
         test_alpha: length penalty for the test set at the end.
-        log_every: log a training line every this many steps.
-        device: ``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda``...
-        threads: torch CPU threads (0: torch's default).
     """
 
-    model: ModelConfig = field(default_factory=_default_model)
-    data: DataConfig = field(default_factory=DataConfig)
-    seed: int = 1
-    max_steps: int = 20000
-    max_minutes: float | None = None
-    accumulate: int = 1
     peak_lr: float | None = None
     lr_factor: float = 1.0
-    warmup: int = 4000
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    eval_every: int = 1000
     eval_bleu_sentences: int = 200
     eval_beam: int = 1
     best_metric: str = "loss"
     patience: int = 0
     keep_checkpoints: int = 5
     average_last: int = 5
-    test_beam: int = 4
-    test_alpha: float = 0.6
-    log_every: int = 100
-    device: str = "auto"
-    threads: int = 0
+    test_beam: int = BEAM
+    test_alpha: float = ALPHA
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "accumulate", "warmup", "eval_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        super().__post_init__()
         if self.best_metric not in ("loss", "bleu"):
-            raise ConfigError(f"TrainConfig.best_metric must be 'loss' or 'bleu', got {self.best_metric!r}")
+            raise ConfigError(f"train.best_metric must be 'loss' or 'bleu', got {self.best_metric!r}")
         if self.best_metric == "bleu" and self.eval_bleu_sentences < 1:
-            raise ConfigError("TrainConfig.best_metric='bleu' needs eval_bleu_sentences > 0")
+            raise ConfigError("train.best_metric='bleu' needs train.eval_bleu_sentences > 0")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"TrainConfig.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.warmup < 1:
+            raise ConfigError(f"train.warmup must be >= 1 (the schedule divides by it), got {self.warmup}")
+
+
+@dataclass(frozen=True)
+class MTRecipe:
+    """Everything a translation run needs: the ``model:``, ``data:`` and ``train:`` sections of ``qkv/recipes/mt/*.yaml``.
+
+    ``model.vocab_size`` and ``model.pad_id`` come from the tokenizer when a run starts.
+    """
+
+    model: ModelConfig = field(default_factory=_default_model)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: MTTrainConfig = field(default_factory=MTTrainConfig)
+
+    def __post_init__(self) -> None:
         if self.model.arch != "transformer":
-            raise ConfigError(f"TrainConfig.model.arch must be 'transformer' for translation, got {self.model.arch!r}")
+            raise ConfigError(f"model.arch must be 'transformer' for translation, got {self.model.arch!r}")
 
 
-# Files of a run directory that a fresh run may replace (with overwrite=True).
-RUN_FILES = ("config.json", "tokenizer.json", "metrics.jsonl", "curves.png", "results.json", "model.safetensors",
-             "last.safetensors", "last.pt", "best.safetensors", "average.safetensors")
-
-
-def learning_rate(cfg: TrainConfig, step: int) -> float:
+def learning_rate(cfg: MTRecipe, step: int) -> float:
     """The schedule: linear warmup, then inverse square root of the step (Section 5.3, equation 3)."""
-    if cfg.peak_lr is not None:
-        return inverse_sqrt_lr(step, cfg.warmup, cfg.peak_lr)
-    return noam_lr(step, cfg.model.d_model, cfg.warmup, cfg.lr_factor)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    tc = cfg.train
+    if tc.peak_lr is not None:
+        return inverse_sqrt_lr(step, tc.warmup, tc.peak_lr)
+    return noam_lr(step, cfg.model.d_model, tc.warmup, tc.lr_factor)
 
 
 @torch.no_grad()
@@ -162,12 +145,9 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
     return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
 
 
-def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = 0.6,
-                        max_tokens: int = 4000) -> tuple[dict[str, Any], list[str]]:
+def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = ALPHA,
+                        max_tokens: int = MAX_TOKENS) -> tuple[dict[str, Any], list[str]]:
     """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept."""
-    from qkv.evaluation.bleu import score
-    from qkv.generation.api import Translator
-
     was_training = model.training
     try:
         hyps = Translator(model, tok, max_tokens=max_tokens).translate(src, beam=beam, alpha=alpha, truncate=True)
@@ -176,22 +156,7 @@ def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, a
     return score(hyps, ref), hyps
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    if resume:
-        if not (run_dir / "last.pt").is_file():
-            raise FileNotFoundError(f"cannot resume: {run_dir / 'last.pt'} not found (no checkpoint in {run_dir})")
-        return
-    existing = [name for name in RUN_FILES if (run_dir / name).exists()]
-    existing += sorted(p.name for p in run_dir.glob("step_*.safetensors"))
-    if existing and not overwrite:
-        raise ValueError(f"{run_dir} already holds a run ({', '.join(existing[:4])}...); pass --resume to continue "
-                         "it, --overwrite to start again, or choose another --run directory")
-    for name in existing:
-        (run_dir / name).unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-
-def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite: bool = False,
+def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: bool = False,
           desc: str = "train", quiet: bool = False) -> dict[str, Any]:
     """Train (or resume) a translation model in ``run_dir``; return a summary (steps, scores, paths).
 
@@ -204,13 +169,10 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         quiet: no progress output (tests).
     """
     run_dir = Path(run_dir)
-    _prepare_run_dir(run_dir, resume, overwrite)
+    tc = cfg.train
+    device, amp = start(tc)
+    Run(run_dir).prepare(resume, overwrite)
     log = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    device = pick_device(cfg.device)
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
 
     # 1. Data and the joint BPE vocabulary, learned on the training pairs only (Section 5.1).
     d = cfg.data
@@ -226,14 +188,14 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
     if cfg.model.max_len < max(d.max_src_len, d.max_tgt_len) + 1:
         raise ConfigError(f"model.max_len={cfg.model.max_len} is too small for data.max_src_len={d.max_src_len} / "
                           f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")
-    save_json(cfg, run_dir / "config.json")
+    save_json(cfg, run_dir / CONFIG_FILE)
     train_examples, dropped = filter_by_length(encode_pairs(tok, train_src, train_tgt), d.max_src_len, d.max_tgt_len)
     # Validation pairs are all kept, except those longer than the model's positions.
     valid_examples, _ = filter_by_length(encode_pairs(tok, valid_src, valid_tgt), cfg.model.max_len - 1,
                                          cfg.model.max_len - 1)
-    stream = BatchStream(train_examples, d.max_tokens, tok.pad_id, tok.bos_id, tok.eos_id, seed=cfg.seed)
+    stream = BatchStream(train_examples, d.max_tokens, tok.pad_id, tok.bos_id, tok.eos_id, seed=tc.seed)
     # A fixed sample of validation sentences for BLEU during training (the same at every evaluation).
-    sample = sorted(random.Random(cfg.seed).sample(range(len(valid_src)), min(cfg.eval_bleu_sentences, len(valid_src))))
+    sample = sorted(random.Random(tc.seed).sample(range(len(valid_src)), min(tc.eval_bleu_sentences, len(valid_src))))
     log(f"data: {d.corpus} {d.src_lang}->{d.tgt_lang}: {len(train_examples)} training pairs "
         f"({len(dropped)} dropped by length), {len(valid_examples)} validation; vocabulary {tok.vocab_size}; "
         f"{stream.batches_per_epoch} batches of <= {d.max_tokens} tokens per epoch, "
@@ -241,7 +203,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
 
     # 2. Model and optimizer: Adam(0.9, 0.98, 1e-9), the rate set by the schedule before every update.
     model = Transformer(cfg.model).to(device)
-    optimizer = build_adam(model, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    optimizer = build_adam(model, lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters (d_model {cfg.model.d_model}, {cfg.model.n_layers}+{cfg.model.decoder_layers} "
         f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}")
@@ -249,37 +211,37 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
     step, best, bad_evals, train_seconds = 0, None, 0, 0.0
     if resume:
-        state = load_checkpoint(run_dir, "last", model, optimizer)
+        state = load_checkpoint(run_dir, LAST, model, optimizer)
         step, bad_evals, train_seconds = int(state["step"]), int(state["bad_evals"]), float(state["train_seconds"])
         best = state["best"]
         stream.load_state_dict(state["data"])
         log(f"resumed from {run_dir / 'last.safetensors'} at step {step}")
 
     metrics = MetricsLogger(run_dir)
-    progress = Progress(cfg.max_steps, desc=desc, log_every=cfg.log_every, start_step=step, enabled=not quiet,
-                        seconds_left=None if cfg.max_minutes is None else cfg.max_minutes * 60 - train_seconds)
+    progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=step, enabled=not quiet,
+                        seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - train_seconds)
     model.train()
     stop_reason = "max_steps"
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
     def evaluate(step: int) -> dict[str, Any]:
-        values = validation_loss(model, valid_examples, d.max_tokens, tok, cfg.label_smoothing, device)
+        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device)
         if sample:
             scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
-                                            cfg.eval_beam, cfg.test_alpha, d.max_tokens)
+                                            tc.eval_beam, tc.test_alpha, d.max_tokens)
             values["bleu"], values["chrf"] = scores["bleu"], scores["chrf"]
         metrics.log(step, "valid", **values)
         return values
 
     # 4. The training loop.
-    while step < cfg.max_steps:
+    while step < tc.steps:
         t_step = time.perf_counter()
         step += 1
         lr = learning_rate(cfg, step)
         set_lr(optimizer, lr)
         # Gradient accumulation: the update is the mean over all target tokens of the `accumulate`
         # batches, so each batch's mean loss is weighted by its share of the tokens.
-        batches = [next(stream) for _ in range(cfg.accumulate)]
+        batches = [next(stream) for _ in range(tc.accumulate)]
         total_tokens = sum(b.tgt_tokens for b in batches)
         step_loss = step_nll = 0.0
         for batch in batches:
@@ -287,14 +249,15 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
             # All target positions at once (teacher forcing); the vocabulary projection only for the
             # real ones, not the padding.
             keep = batch.tgt_out != tok.pad_id  # (B, T)
-            logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
-            out = label_smoothed_nll(logits, batch.tgt_out[keep], cfg.label_smoothing, ignore_index=tok.pad_id)
+            with autocast(device, amp):
+                logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+            out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing, ignore_index=tok.pad_id)
             weight = batch.tgt_tokens / total_tokens
             (out.loss * weight).backward()
             step_loss = step_loss + out.loss.detach() * weight
             step_nll = step_nll + out.nll * weight
-        if cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        if tc.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         train_seconds += time.perf_counter() - t_step
@@ -306,7 +269,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         window["steps"] += 1
         window["padding"] += sum(b.padding_fraction for b in batches) / len(batches)
         progress.update(step, loss=step_loss, lr=lr, tokens=n_tok)
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
+        if step % tc.log_every == 0 or step == tc.steps:
             k = window["steps"]
             check_finite(window["loss"] / k, step)
             elapsed = time.perf_counter() - window["t0"]
@@ -315,25 +278,25 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
                         epoch=stream.epoch)
             window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
-        out_of_time = cfg.max_minutes is not None and train_seconds >= cfg.max_minutes * 60
-        if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+        out_of_time = tc.max_minutes is not None and train_seconds >= tc.max_minutes * 60
+        if step % tc.eval_every == 0 or step == tc.steps or out_of_time:
             values = evaluate(step)
-            current = values["nll"] if cfg.best_metric == "loss" else -values["bleu"]
+            current = values["nll"] if tc.best_metric == "loss" else -values["bleu"]
             improved = best is None or current < best
             best, bad_evals = (current, 0) if improved else (best, bad_evals + 1)
             if improved:
                 save_weights(run_dir / "best.safetensors", model, metadata={"step": str(step)})
             save_weights(run_dir / f"step_{step:07d}.safetensors", model)
-            for old in sorted(run_dir.glob("step_*.safetensors"))[: -max(cfg.keep_checkpoints, 1)]:
+            for old in sorted(run_dir.glob("step_*.safetensors"))[: -max(tc.keep_checkpoints, 1)]:
                 old.unlink()
-            save_checkpoint(run_dir, "last", model, optimizer, {
+            save_checkpoint(run_dir, LAST, model, optimizer, {
                 "step": step, "best": best, "bad_evals": bad_evals, "train_seconds": train_seconds,
                 "data": stream.state_dict(),
             })
             bleu = f", BLEU {values['bleu']:.1f}" if "bleu" in values else ""
             progress.write(f"step {step}: valid loss {values['loss']:.3f}, ppl {values['ppl']:.2f}{bleu}"
-                           + ("" if improved else f" (no improvement {bad_evals}/{cfg.patience or '-'})"))
-            if cfg.patience and bad_evals >= cfg.patience:
+                           + ("" if improved else f" (no improvement {bad_evals}/{tc.patience or '-'})"))
+            if tc.patience and bad_evals >= tc.patience:
                 stop_reason = "early_stop"
                 break
             if out_of_time:
@@ -345,7 +308,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
     #    last, whichever has the lowest validation NLL.
     last_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     candidates = {"last": lambda: load_state_dict_into(model, last_state, source="last")}
-    steps_saved = sorted(run_dir.glob("step_*.safetensors"))[-cfg.average_last:] if cfg.average_last > 1 else []
+    steps_saved = sorted(run_dir.glob("step_*.safetensors"))[-tc.average_last:] if tc.average_last > 1 else []
     if len(steps_saved) > 1:
         averaged = average_checkpoints(steps_saved)
         candidates["average"] = lambda: load_state_dict_into(model, averaged, source="average")
@@ -356,7 +319,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         load()
         if name == "average":  # kept, so that `qkv eval mt --weights average` can score it next to the others
             save_weights(run_dir / "average.safetensors", model, metadata={"step": str(step), "averaged": str(len(steps_saved))})
-        nll = validation_loss(model, valid_examples, d.max_tokens, tok, cfg.label_smoothing, device)["nll"]
+        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:
             chosen, chosen_nll = name, nll
@@ -374,32 +337,33 @@ def train(cfg: TrainConfig, run_dir: str | Path, resume: bool = False, overwrite
         test_src = []
     if test_src:
         t0 = time.perf_counter()
-        scores, hyps = translate_and_score(model, tok, test_src, test_tgt, cfg.test_beam, cfg.test_alpha, d.max_tokens)
+        scores, hyps = translate_and_score(model, tok, test_src, test_tgt, tc.test_beam, tc.test_alpha, d.max_tokens)
         (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-        metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=cfg.test_beam)
-        summary["test"] = {**scores, "split": d.test, "beam": cfg.test_beam,
+        metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=tc.test_beam)
+        summary["test"] = {**scores, "split": d.test, "beam": tc.test_beam,
                            "seconds": round(time.perf_counter() - t0, 1)}
-        log(f"test ({d.test}, beam {cfg.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
+        log(f"test ({d.test}, beam {tc.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
     metrics.close()
-    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json(run_dir / RESULTS_FILE, summary)
     try:
-        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
     except ValueError as e:
         log(f"no curves: {e}")
     return summary
 
 
-def load_train_config(path: str | Path | None, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
-                      resume: bool = False) -> TrainConfig:
-    """The config of a run: the YAML file (a fresh run) or the run's own ``config.json`` (resume), plus overrides."""
+def load_train_config(recipe: str | Path | None, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
+                      resume: bool = False) -> MTRecipe:
+    """The recipe of a run: a shipped recipe's name or a YAML file (a fresh run), or the run's own
+    ``config.json`` (resume); then ``section.key=value`` overrides."""
     if resume:
         if run_dir is None:
             raise ValueError("--resume needs --run DIR")
-        cfg = load_json(Path(run_dir) / "config.json", TrainConfig)
+        cfg = load_json(Path(run_dir) / CONFIG_FILE, MTRecipe)
         return apply_overrides(cfg, list(overrides)) if overrides else cfg
-    if path is None:
-        return apply_overrides(TrainConfig(), list(overrides)) if overrides else TrainConfig()
-    return load_yaml(path, TrainConfig, list(overrides))
+    if recipe is None:
+        return apply_overrides(MTRecipe(), list(overrides)) if overrides else MTRecipe()
+    return load_recipe(MTRecipe, "mt", recipe, list(overrides))
 
 
-__all__ = ["TrainConfig", "train", "load_train_config", "learning_rate", "validation_loss", "translate_and_score"]
+__all__ = ["MTRecipe", "MTTrainConfig", "train", "load_train_config", "learning_rate", "validation_loss", "translate_and_score"]

@@ -7,7 +7,8 @@ import gzip
 
 import pytest
 
-from qkv.data import commands, corpora as C
+from qkv.cli import data as commands
+from qkv.data import corpora as C
 
 
 def run(argv: list[str]) -> int:

@@ -18,14 +18,14 @@ def mt_run(tmp_path_factory):
     of map (encoder self, decoder self, cross) exists and has learned something. Session-scoped.
     """
     from qkv.data.translation import DataConfig
-    from qkv.training.train_mt import TrainConfig, train
+    from qkv.training.train_mt import MTRecipe, MTTrainConfig, train
 
     path = tmp_path_factory.mktemp("mt_run") / "run"
-    cfg = TrainConfig(
+    cfg = MTRecipe(
         model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=64),
         data=DataConfig(corpus="demo", vocab_size=120, max_tokens=400, max_src_len=40, max_tgt_len=40,
                         demo_train=400, demo_valid=8, demo_test=8),
-        max_steps=40, warmup=5, peak_lr=3e-3, eval_every=40, eval_bleu_sentences=0, test_beam=1,
+        train=MTTrainConfig(steps=40, warmup=5, peak_lr=3e-3, eval_every=40, eval_bleu_sentences=0, test_beam=1),
     )
     torch.manual_seed(0)
     train(cfg, path, quiet=True)
@@ -37,7 +37,7 @@ def gpt_run(tmp_path_factory):
     """A GPT run directory with an untrained tiny model: 3 layers x 3 heads (unlike ``mt_run``'s 2 x 2)."""
     from qkv.models.gpt import GPT
     from qkv.tokenizers.bpe import BPETokenizer
-    from qkv.training.checkpoint import save_weights
+    from qkv.weights import save_weights
 
     path = tmp_path_factory.mktemp("gpt_run")
     tok = BPETokenizer.train(SENTENCES * 5, vocab_size=80)

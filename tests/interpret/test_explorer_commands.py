@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from qkv.interpret.explorer import commands
+from qkv.cli import explore as commands
 
 
 def parse(*argv):

@@ -101,16 +101,14 @@ def hf_folder(tmp_path, monkeypatch):
 
 def test_qkv_convert_gpt2_writes_a_run_that_generates_like_hf(hf_folder, tmp_path, capsys, monkeypatch):
     folder, hf, tok = hf_folder
-    if "qkv.lm_commands" not in qkv.cli.COMMAND_MODULES:
-        monkeypatch.setattr(qkv.cli, "COMMAND_MODULES", qkv.cli.COMMAND_MODULES + ["qkv.lm_commands"])
     run = tmp_path / "run"
     assert qkv.cli.main(["convert", "gpt2", "--from", str(folder), "--run", str(run)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["vocab_size"] == tok.vocab_size and summary["context"] == 32
 
-    from qkv.training.lm_run import load_run
+    from qkv.runs import load_model
 
-    model, loaded, _ = load_run(run, device="cpu")
+    model, loaded = load_model(run, device="cpu")
     x = torch.tensor([tok.encode("the thing in the")])
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(x).logits, atol=1e-4, rtol=0)

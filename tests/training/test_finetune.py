@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
 from qkv.training.finetune import FinetuneConfig, finetune, mixed_loss
-from qkv.training.lm_run import load_run
+from qkv.runs import load_model
 from qkv.training.losses import masked_nll
-from qkv.training.train_lm import recipe_from_dict, train_lm
+from qkv.config import from_dict
+from qkv.training.lm_run import LMRecipe
+from qkv.training.train_lm import train_lm
 
 PAIRS = [("我累了。", "I'm tired."), ("我很好。", "I'm fine."), ("他来了。", "He came."), ("你好。", "Hello.")]
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
@@ -26,10 +28,10 @@ def base_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("ft")
     (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
     (root / "extra.txt").write_text("\n".join(p.prompt + p.response for p in _pairs()), encoding="utf-8")
-    recipe = recipe_from_dict({
+    recipe = from_dict(LMRecipe, {
         "model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "max_len": 48, "dropout": 0.1},
         "data": {"path": str(root / "corpus.txt"), "vocab_extra": [str(root / "extra.txt")]},
-        "train": {"batch_size": 4, "max_iters": 20, "warmup": 2, "eval_interval": 20, "eval_iters": 2, "lr": 3e-3},
+        "train": {"batch_size": 4, "steps": 20, "warmup": 2, "eval_every": 20, "eval_iters": 2, "lr": 3e-3},
     })
     train_lm(recipe, root / "base", quiet=True, plot=False)
     return root / "base"
@@ -59,7 +61,7 @@ def test_the_loss_ignores_prompt_targets():
 
 
 def test_mixed_loss_is_task_plus_lambda_pretrain(base_run):
-    model, tok, _ = load_run(base_run)
+    model, tok = load_model(base_run)
     batch = collate(encode_pairs(_pairs(), tok, 48), tok.pad_id)
     pre = (torch.randint(4, tok.vocab_size, (2, 16)), torch.randint(4, tok.vocab_size, (2, 16)))
     total0, task0, p0 = mixed_loss(model, batch, pre, 0.0)
@@ -72,7 +74,7 @@ def test_mixed_loss_is_task_plus_lambda_pretrain(base_run):
 
 
 def _cfg(**kw):
-    base = dict(max_iters=8, batch_size=4, warmup=1, eval_interval=4, eval_iters=2, log_interval=1, lr=3e-3)
+    base = dict(steps=8, batch_size=4, warmup=1, eval_every=4, eval_iters=2, log_every=1, lr=3e-3)
     base.update(kw)
     return FinetuneConfig(**base)
 
@@ -96,7 +98,7 @@ def test_lora_finetune_trains_a_low_rank_update_and_exports_a_plain_gpt(base_run
 
     result = finetune(base_run, tmp_path / "lora", _pairs(), _pairs(), _cfg(lora_rank=2), quiet=True, plot=False)
     assert result.after["task_loss"] < result.before["task_loss"]
-    base, tuned = load_run(base_run)[0], load_run(tmp_path / "lora")[0]  # loads into a plain GPT
+    base, tuned = load_model(base_run)[0], load_model(tmp_path / "lora")[0]  # loads into a plain GPT
     b, t = base.state_dict(), tuned.state_dict()
     w = "layers.0.feed_forward.w_1.weight"
     delta = t[w] - b[w]
@@ -124,7 +126,7 @@ def test_a_malformed_record_names_the_file_and_line(tmp_path):
 
 
 def test_an_example_longer_than_the_context_names_its_record(base_run):
-    _, tok, _ = load_run(base_run)
+    _, tok = load_model(base_run)
     long = [Pair("Chinese: " + "我" * 60, " I'm tired.", "pairs.jsonl:7")]
     with pytest.raises(SFTDataError, match="pairs.jsonl:7: .* context of 48"):
         encode_pairs(long, tok, 48)

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from qkv.config import ConfigError
-from qkv.training.lm_run import load_recipe, load_run
-from qkv.training.train_lm import load_recipe_file, recipe_from_dict, train_lm
+from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
+from qkv.runs import load_model
+from qkv.training.lm_run import LMRecipe, load_run_recipe
+from qkv.training.train_lm import load_lm_recipe, train_lm
 
 
 
@@ -18,9 +19,9 @@ TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n
 def tiny(tmp_path, **train):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    settings = dict(batch_size=4, max_iters=10, warmup=2, eval_interval=5, eval_iters=2, log_interval=1, lr=3e-3)
+    settings = dict(batch_size=4, steps=10, warmup=2, eval_every=5, eval_iters=2, log_every=1, lr=3e-3)
     settings.update(train)
-    return recipe_from_dict({
+    return from_dict(LMRecipe, {
         "model": {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "max_len": 16, "dropout": 0.1},
         "data": {"path": str(corpus)},
         "train": settings,
@@ -28,22 +29,22 @@ def tiny(tmp_path, **train):
 
 
 def test_resume_gives_the_losses_of_the_uninterrupted_run(tmp_path):
-    recipe = tiny(tmp_path, grad_accum=2)
+    recipe = tiny(tmp_path, accumulate=2)
     straight = train_lm(recipe, tmp_path / "a", quiet=True, plot=False)
     first = train_lm(recipe, tmp_path / "b", stop_at=3, quiet=True, plot=False)
     assert first.step == 3
     torch.manual_seed(12345)  # a new process starts from other RNG states
-    rest = train_lm(load_recipe(tmp_path / "b"), tmp_path / "b", resume=True, quiet=True, plot=False)
+    rest = train_lm(load_run_recipe(tmp_path / "b"), tmp_path / "b", resume=True, quiet=True, plot=False)
     assert first.losses + rest.losses == straight.losses
     assert len(straight.losses) == 10
-    a, b = load_run(tmp_path / "a")[0], load_run(tmp_path / "b")[0]
+    a, b = load_model(tmp_path / "a")[0], load_model(tmp_path / "b")[0]
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
     assert straight.final["loss"] == rest.final["loss"]
 
 
 def test_the_run_directory_holds_everything_and_the_loss_falls(tmp_path):
-    result = train_lm(tiny(tmp_path, max_iters=30, eval_interval=10), tmp_path / "run", quiet=True, plot=False)
+    result = train_lm(tiny(tmp_path, steps=30, eval_every=10), tmp_path / "run", quiet=True, plot=False)
     run = tmp_path / "run"
     for name in ("config.json", "tokenizer.json", "tokens.bin", "last.safetensors", "last.pt",
                  "best.safetensors", "model.safetensors", "metrics.jsonl"):
@@ -58,7 +59,7 @@ def test_the_run_directory_holds_everything_and_the_loss_falls(tmp_path):
 
 def test_max_minutes_ends_the_run_like_its_last_step(tmp_path):
     result = train_lm(tiny(tmp_path, max_minutes=1e-9), tmp_path / "run", quiet=True, plot=False)
-    assert result.step == 1  # out of time after the first step, long before max_iters=10
+    assert result.step == 1  # out of time after the first step, long before steps=10
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["split"] == "valid"] == [1]
     assert records[-1]["split"] == "valid_full" and (tmp_path / "run" / "model.safetensors").is_file()
@@ -68,11 +69,11 @@ def test_max_minutes_ends_the_run_like_its_last_step(tmp_path):
 
 def test_init_from_takes_weights_only_with_a_fresh_optimizer(tmp_path):
     train_lm(tiny(tmp_path), tmp_path / "base", quiet=True, plot=False)
-    base = load_run(tmp_path / "base")[0]
+    base = load_model(tmp_path / "base")[0]
     # A learning rate so small that one step moves nothing visibly: the start is the base weights.
-    fresh = tiny(tmp_path, max_iters=2, lr=1e-12, min_lr=0.0, warmup=1, eval_interval=2)
+    fresh = tiny(tmp_path, steps=2, lr=1e-12, min_lr=0.0, warmup=1, eval_every=2)
     train_lm(fresh, tmp_path / "child", init_from=tmp_path / "base", quiet=True, plot=False)
-    child = load_run(tmp_path / "child", which="last")[0]
+    child = load_model(tmp_path / "child", "last")[0]
     for (name, p), q in zip(base.state_dict().items(), child.state_dict().values()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=name)
     state = torch.load(tmp_path / "child" / "last.pt", weights_only=True)
@@ -82,7 +83,7 @@ def test_init_from_takes_weights_only_with_a_fresh_optimizer(tmp_path):
 
 
 def test_resume_and_new_runs_refuse_the_wrong_directory(tmp_path):
-    recipe = tiny(tmp_path, max_iters=2, eval_interval=2, warmup=1)
+    recipe = tiny(tmp_path, steps=2, eval_every=2, warmup=1)
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         train_lm(recipe, tmp_path / "none", resume=True, quiet=True, plot=False)
     train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
@@ -92,24 +93,23 @@ def test_resume_and_new_runs_refuse_the_wrong_directory(tmp_path):
 
 def test_recipe_errors_name_the_key(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("model:\n  d_model: 32\n  n_heads: 4\ntrain:\n  max_iter: 10\n")
-    with pytest.raises(ConfigError, match="did you mean 'max_iters'"):
-        load_recipe_file(path)
+    path.write_text("model:\n  d_model: 32\n  n_heads: 4\ntrain:\n  step: 10\n")
+    with pytest.raises(ConfigError, match="did you mean 'steps'"):
+        load_lm_recipe(path)
     path.write_text("model:\n  max_len: 32\ntrain:\n  context: 64\n")
     with pytest.raises(ConfigError, match="exceeds model.max_len"):
-        load_recipe_file(path)
+        load_lm_recipe(path)
     path.write_text("model:\n  max_len: 32\n")
-    assert load_recipe_file(path, ["train.context=16"]).context == 16
+    assert load_lm_recipe(path, ["train.context=16"]).context == 16
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA only"):
             train_lm(tiny(tmp_path, dtype="bf16"), tmp_path / "bf16", quiet=True, plot=False)
 
 
-def test_shipped_configs_load():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "configs" / "lm"
-    baby = load_recipe_file(root / "baby.yaml")
+def test_shipped_recipes_load_by_name():
+    baby = load_lm_recipe("baby")
     assert (baby.model.n_layers, baby.model.n_heads, baby.model.d_model, baby.context) == (4, 4, 128, 64)
-    assert (baby.train.batch_size, baby.train.lr, baby.model.dropout, baby.train.max_iters) == (12, 1e-3, 0.0, 2000)
-    assert load_recipe_file(root / "shakespeare_char.yaml").model.n_layers == 6
+    assert (baby.train.batch_size, baby.train.lr, baby.model.dropout, baby.train.steps) == (12, 1e-3, 0.0, 2000)
+    assert load_lm_recipe("shakespeare_char").model.n_layers == 6
+    for name in recipe_names("lm"):
+        assert f"qkv train lm --recipe {name}" in recipe_file("lm", name).read_text(encoding="utf-8")

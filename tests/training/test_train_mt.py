@@ -6,21 +6,26 @@ from dataclasses import replace
 import pytest
 import torch
 
-from qkv.config import ConfigError, ModelConfig, apply_overrides, load_yaml
+from qkv.config import ConfigError, ModelConfig, apply_overrides, load_yaml, recipe_file, recipe_names
 from qkv.data.translation import DataConfig
 from qkv.generation.api import Translator
-from qkv.training.checkpoint import load_weights
+from qkv.weights import load_weights
 from qkv.training.logging import read_metrics
 from qkv.training.schedules import noam_lr
-from qkv.training.train_mt import TrainConfig, learning_rate, load_train_config, train
+from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, load_train_config, train
 
-TINY = TrainConfig(
+TINY = MTRecipe(
     model=ModelConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.1, max_len=64),
     data=DataConfig(corpus="demo", vocab_size=150, max_tokens=300, max_src_len=40, max_tgt_len=40,
                     demo_train=300, demo_valid=16, demo_test=8),
-    max_steps=6, warmup=2, peak_lr=2e-3, eval_every=3, eval_bleu_sentences=4, log_every=1,
-    keep_checkpoints=2, average_last=2, test_beam=2,
+    train=MTTrainConfig(steps=6, warmup=2, peak_lr=2e-3, eval_every=3, eval_bleu_sentences=4, log_every=1,
+                        keep_checkpoints=2, average_last=2, test_beam=2),
 )
+
+
+def tweak(cfg: MTRecipe, **train) -> MTRecipe:
+    """``cfg`` with some of its train: knobs changed."""
+    return replace(cfg, train=replace(cfg.train, **train))
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +67,8 @@ def test_training_lowers_the_loss(straight):
 def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
     run, _ = straight
     cut = tmp_path / "cut"
-    train(replace(TINY, max_steps=3), cut, quiet=True)  # "interrupted" after step 3
-    cfg = load_train_config(None, ["max_steps=6"], cut, resume=True)
+    train(tweak(TINY, steps=3), cut, quiet=True)  # "interrupted" after step 3
+    cfg = load_train_config(None, ["train.steps=6"], cut, resume=True)
     summary = train(cfg, cut, resume=True, quiet=True)
     assert summary["steps"] == 6
     assert _train_losses(cut) == _train_losses(run)  # bit for bit, steps 1-6
@@ -96,13 +101,13 @@ def test_resume_without_checkpoint_names_the_file(tmp_path):
 
 def test_early_stop_when_validation_stops_improving(tmp_path):
     # A zero learning rate: the validation loss never improves after the first evaluation.
-    cfg = replace(TINY, peak_lr=0.0, max_steps=30, eval_every=2, patience=2, eval_bleu_sentences=0, test_beam=1)
+    cfg = tweak(TINY, peak_lr=0.0, steps=30, eval_every=2, patience=2, eval_bleu_sentences=0, test_beam=1)
     summary = train(cfg, tmp_path, quiet=True)
     assert summary["stop"] == "early_stop" and summary["steps"] == 6
 
 
 def test_time_budget_stops_training(tmp_path):
-    cfg = replace(TINY, max_minutes=1e-6, max_steps=100, eval_bleu_sentences=0, test_beam=1)
+    cfg = tweak(TINY, max_minutes=1e-6, steps=100, eval_bleu_sentences=0, test_beam=1)
     summary = train(cfg, tmp_path, quiet=True)
     assert summary["stop"] == "max_minutes" and summary["steps"] == 1
     assert (tmp_path / "last.pt").is_file()
@@ -112,7 +117,7 @@ def test_accumulation_takes_several_batches_per_update(tmp_path):
     """2 updates of 2 accumulated batches read the same data as 4 updates of one."""
     positions = []
     for accumulate, steps in ((2, 2), (1, 4)):
-        cfg = replace(TINY, accumulate=accumulate, max_steps=steps, eval_every=steps, eval_bleu_sentences=0,
+        cfg = tweak(TINY, accumulate=accumulate, steps=steps, eval_every=steps, eval_bleu_sentences=0,
                       test_beam=1)
         train(cfg, tmp_path / str(accumulate), quiet=True)
         positions.append(torch.load(tmp_path / str(accumulate) / "last.pt", weights_only=True)["state"]["data"])
@@ -121,37 +126,69 @@ def test_accumulation_takes_several_batches_per_update(tmp_path):
 
 
 def test_schedule_peak_and_paper_formula():
-    cfg = replace(TINY, warmup=10, peak_lr=1e-3)
+    cfg = tweak(TINY, warmup=10, peak_lr=1e-3)
     assert learning_rate(cfg, 10) == pytest.approx(1e-3)
     assert learning_rate(cfg, 5) == pytest.approx(5e-4)
     assert learning_rate(cfg, 40) == pytest.approx(5e-4)  # 1e-3 * sqrt(10 / 40)
-    paper = replace(cfg, peak_lr=None, lr_factor=2.0)
+    paper = tweak(cfg, peak_lr=None, lr_factor=2.0)
     assert learning_rate(paper, 7) == pytest.approx(noam_lr(7, 32, 10, 2.0))
 
 
 def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'warmup'"):
-        apply_overrides(TINY, ["warmpu=10"])
+        apply_overrides(TINY, ["train.warmpu=10"])
     with pytest.raises(ConfigError, match="did you mean 'vocab_size'"):
         apply_overrides(TINY, ["data.vocab_sise=10"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  d_modle: 64\n")
     with pytest.raises(ConfigError, match="bad.yaml.*d_modle.*did you mean 'd_model'"):
-        load_yaml(bad, TrainConfig)
+        load_yaml(bad, MTRecipe)
     with pytest.raises(ConfigError, match="best_metric"):
-        replace(TINY, best_metric="accuracy")
+        tweak(TINY, best_metric="accuracy")
 
 
-def test_shipped_configs_load():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "configs" / "mt"
-    files = sorted(root.glob("*.yaml"))
-    assert {f.name for f in files} >= {"demo.yaml", "multi30k_de_en.yaml"}
-    for f in files:
-        cfg = load_yaml(f, TrainConfig)
+def test_shipped_recipes_load_by_name():
+    names = recipe_names("mt")
+    assert set(names) >= {"demo", "multi30k_de_en", "multi30k_en_de", "cmn_eng_zh_en"}
+    for name in names:
+        cfg = load_train_config(name)
         assert cfg.model.arch == "transformer"
-        assert "qkv train mt --config" in f.read_text(encoding="utf-8").split("\nmodel:")[0]  # header shows the command
+        header = recipe_file("mt", name).read_text(encoding="utf-8").split("\nmodel:")[0]
+        assert f"qkv train mt --recipe {name}" in header  # the header shows the command
+    with pytest.raises(ConfigError, match="did you mean 'multi30k_de_en'"):
+        load_train_config("multi30k_de_em")
+
+
+def test_a_partial_model_section_keeps_the_recipe_default(tmp_path):
+    """A recipe that sets one model key builds the recipe's default model, not the paper's 512 x 6."""
+    f = tmp_path / "partial.yaml"
+    f.write_text("model:\n  dropout: 0.3\ntrain:\n  steps: 5\n")
+    cfg = load_train_config(f)
+    default = MTRecipe().model
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.dropout) == (default.d_model, default.n_layers, 0.3)
+    assert cfg.train.steps == 5 and cfg.train.warmup == MTTrainConfig().warmup
+
+
+def test_old_knob_names_are_refused_with_the_new_name(tmp_path):
+    f = tmp_path / "old.yaml"
+    f.write_text("train:\n  max_steps: 5\n")
+    with pytest.raises(ConfigError, match="'max_steps' is called 'steps'"):
+        load_train_config(f)
+
+
+def test_a_run_saved_before_the_recipe_shape_still_loads(straight, tmp_path):
+    """A flat config.json (the translation runs written before recipes had sections) loads, upgraded."""
+    run, _ = straight
+    saved = json.loads((run / "config.json").read_text())
+    flat = {"model": saved["model"], "data": saved["data"],
+            **{("max_steps" if k == "steps" else k): v for k, v in saved["train"].items()}}
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("tokenizer.json", "model.safetensors"):
+        (old / name).write_bytes((run / name).read_bytes())
+    (old / "config.json").write_text(json.dumps(flat))
+    assert load_train_config(None, run_dir=old, resume=True) == load_train_config(None, run_dir=run, resume=True)
+    assert Translator.from_run(old).translate("小红很忙。", beam=1) == Translator.from_run(run).translate("小红很忙。", beam=1)
 
 
 def test_weights_file_loads_into_the_configured_model(straight):

@@ -7,19 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import qkv.io
 import qkv.training.checkpoint as ckpt
-from qkv.training.checkpoint import (
-    CheckpointError,
-    average_checkpoints,
-    capture_rng_state,
-    list_checkpoints,
-    load_checkpoint,
-    load_state_dict_into,
-    load_weights,
-    restore_rng_state,
-    save_checkpoint,
-    save_weights,
-)
+from qkv.training.checkpoint import capture_rng_state, list_checkpoints, load_checkpoint, restore_rng_state, save_checkpoint
+from qkv.weights import CheckpointError, average_checkpoints, load_state_dict_into, load_weights, save_weights
 from qkv.training.optim import build_adam
 
 
@@ -179,7 +170,7 @@ def test_failure_mid_save_keeps_the_previous_checkpoint(tmp_path, make_model, mo
         return broken
 
     if failing == "weights":
-        monkeypatch.setattr(safetensors.torch, "save_model", half_then_crash(real_save_model))
+        monkeypatch.setattr(ckpt, "save_model", half_then_crash(real_save_model))
     else:
         monkeypatch.setattr(ckpt.torch, "save", half_then_crash(real_torch_save))
     new = make_model(seed=2)
@@ -205,7 +196,7 @@ def test_kill_between_the_two_renames_is_detected(tmp_path, make_model, monkeypa
             raise KeyboardInterrupt  # stands for a kill right after the weights were renamed
         real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", replace_once_then_die)
+    monkeypatch.setattr(qkv.io.os, "replace", replace_once_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, "last", make_model(seed=2), state={"step": 2})
     monkeypatch.undo()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+MAX_TEXT_CHARS = 500  # Longest text a model's maps are computed for (server, CLI and model_maps alike).
 MAX_WEIGHTS = 2_000_000  # Floats in one payload: a page that draws more would freeze the browser.
 MAX_MAPS = 512
 MAX_LAYER = 10_000

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from qkv.interpret.explorer.payload import AttentionDataError, normalize_attention_data
+from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, normalize_attention_data
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-MAX_TEXT_CHARS = 500
 MAX_BODY_BYTES = 64 * 1024
 MAX_URL_CHARS = 8 * 1024
 NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"

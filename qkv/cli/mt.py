@@ -10,13 +10,19 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
-from qkv.cli import command_group
-
-WEIGHTS_HELP = ("which weights of the run: model (the default: the trainer's final choice), best, last, average "
-                "(of the last K checkpoints), or a .safetensors file")
+from qkv.cli.common import add_device, add_recipe, add_weights, command_group
+from qkv.config import ALPHA, BEAM, from_dict, recipe_names
+from qkv.data.translation import DataConfig, load_split
+from qkv.demo import run_demo
+from qkv.evaluation.bleu import score
+from qkv.generation.api import InputTooLongError, Translator
+from qkv.io import read_lines
+from qkv.runs import CONFIG_FILE, Run
+from qkv.training.train_mt import load_train_config, train
 
 
 def register(subparsers) -> None:
@@ -24,30 +30,29 @@ def register(subparsers) -> None:
     train = command_group(subparsers, "train", "train a model (mt: a translator; lm: a GPT)")
     p = train.add_parser("mt", help="train an encoder-decoder translation model",
                          description="Train a translation Transformer with the paper's recipe. Example: "
-                                     "qkv train mt --config configs/mt/demo.yaml --run runs/demo max_steps=2000")
-    p.add_argument("--config", help="a YAML config (configs/mt/*.yaml); not needed with --resume")
-    p.add_argument("--run", help="run directory (default: runs/<config name>)")
+                                     "qkv train mt --recipe demo --run runs/demo train.steps=2000")
+    add_recipe(p, "mt")
+    p.add_argument("--run", help="run directory (default: runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
     p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides, e.g. model.d_model=256 lr_factor=2")
+                   help="recipe overrides, e.g. model.d_model=256 train.lr_factor=2")
     p.set_defaults(func=cmd_train_mt)
 
     p = subparsers.add_parser("translate", help="translate text with a trained run (stdin to stdout)",
                               description="Translate stdin (or --input) line by line: one output line per input "
                                           "line, an empty line for an empty line.")
     p.add_argument("--run", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
-    p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, as the paper)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, as the paper)")
+    p.add_argument("--beam", type=int, default=BEAM, help=f"beam size (1: greedy; default {BEAM}, as the paper)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help=f"length penalty (default {ALPHA}, as the paper)")
     p.add_argument("--nbest", type=int, default=1, help="print the N best translations, tab-separated with scores")
     p.add_argument("--input", "-i", help="read this file instead of stdin")
     p.add_argument("--output", "-o", help="write this file instead of stdout")
     p.add_argument("--truncate", action="store_true",
                    help="cut inputs longer than the model's positions (default: stop with an error)")
     p.add_argument("--batch-size", type=int, default=64, help="lines translated together (default 64)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--weights", help=WEIGHTS_HELP)
+    add_device(p)
+    add_weights(p)
     p.set_defaults(func=cmd_translate)
 
     ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF; lm: perplexity)")
@@ -60,11 +65,12 @@ def register(subparsers) -> None:
     p.add_argument("--src", help="a source file to translate and score (with --run and --ref)")
     p.add_argument("--hyp", help="a file of translations to score (with --ref)")
     p.add_argument("--ref", help="the reference translations, line-aligned")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
+    p.add_argument("--beam", type=int, default=BEAM)
+    p.add_argument("--alpha", type=float, default=ALPHA)
     p.add_argument("--output", "-o", help="also write the translations here")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
-    p.add_argument("--weights", help=WEIGHTS_HELP)
+    add_weights(p)
+    add_device(p)
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.set_defaults(func=cmd_eval_mt)
 
@@ -74,7 +80,7 @@ def register(subparsers) -> None:
                                           "cross-attention of the seed sentence.")
     p.add_argument("--run", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default: the demo config's)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="demo config overrides, e.g. max_steps=200")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="demo recipe overrides, e.g. train.steps=200")
     p.set_defaults(func=cmd_demo)
 
 
@@ -83,16 +89,12 @@ def register(subparsers) -> None:
 
 
 def cmd_train_mt(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from qkv.training.train_mt import load_train_config, train
-
-    if not args.config and not args.resume:
-        raise ValueError("give --config FILE (e.g. configs/mt/demo.yaml), or --run DIR --resume")
+    if not args.recipe and not args.resume:
+        raise ValueError(f"give --recipe NAME ({', '.join(recipe_names('mt'))}) or FILE, or --run DIR --resume")
     if args.resume and not args.run:
         raise ValueError("--resume needs --run DIR (the run to continue)")
-    run_dir = Path(args.run) if args.run else Path("runs") / Path(args.config).stem
-    cfg = load_train_config(args.config, args.overrides, run_dir, args.resume)
+    run_dir = Path(args.run) if args.run else Path("runs") / Path(args.recipe).stem
+    cfg = load_train_config(args.recipe, args.overrides, run_dir, args.resume)
     if args.data_dir:
         cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
     summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
@@ -149,8 +151,6 @@ def line_groups(source: BinaryIO | TextIO, size: int) -> Iterator[list[str]]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from qkv.generation.api import InputTooLongError, Translator
-
     if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam:
         raise ValueError(f"need 1 <= --nbest <= --beam, got --nbest {args.nbest}, --beam {args.beam}")
     if args.input and not Path(args.input).is_file():
@@ -188,9 +188,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_mt(args: argparse.Namespace) -> int:
-    from qkv.data.corpora import read_lines
-    from qkv.evaluation.bleu import score
-
     if args.hyp:
         if not args.ref:
             raise ValueError("--hyp needs --ref (the reference translations)")
@@ -201,11 +198,8 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
     else:
         if not args.run:
             raise ValueError("give --run DIR with --split NAME or --src/--ref FILES, or --hyp FILE --ref FILE")
-        from qkv.config import from_dict
-        from qkv.data.translation import DataConfig, load_split
-        from qkv.generation.api import Translator, load_run_config
-
-        translator = Translator.from_run(args.run, weights=args.weights)
+        run = Run(args.run)
+        translator = Translator.from_run(run, weights=args.weights, device=args.device)
         if args.src:
             if not args.ref:
                 raise ValueError("--src needs --ref")
@@ -214,11 +208,8 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
             what = f"{args.src} -> {args.ref}"
         else:
-            data = from_dict(DataConfig, load_run_config(args.run).get("data", {}),
-                             where=f"{args.run}/config.json: data")
+            data = from_dict(DataConfig, run.section("data"), where=f"{run.file(CONFIG_FILE)}: data")
             if args.data_dir:
-                from dataclasses import replace
-
                 data = replace(data, data_dir=args.data_dir)
             # --split names a split of the corpus, or a role: train/valid/test mean the run's own
             # (multi30k's test is test2016, its valid is val).
@@ -244,9 +235,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from qkv.demo import run_demo
-
     return run_demo(args.run, seed=args.seed, overrides=args.overrides)
 
 
-__all__ = ["register", "command_group", "cmd_train_mt", "cmd_translate", "cmd_eval_mt", "cmd_demo"]
+__all__ = ["register", "cmd_train_mt", "cmd_translate", "cmd_eval_mt", "cmd_demo"]

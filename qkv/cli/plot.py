@@ -6,6 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from qkv.interpret.model_maps import make_attention_provider
+from qkv.interpret.plots import plot_attention
+from qkv.runs import CURVES_FILE, METRICS_FILE, Run
+from qkv.training.plots import plot_curves
+
 
 def register(subparsers) -> None:
     plot = subparsers.add_parser("plot", help="PNG figures: attention heads of a trained model, training curves")
@@ -23,9 +28,6 @@ def register(subparsers) -> None:
 
 
 def plot_attention_cmd(args: argparse.Namespace) -> int:
-    from qkv.interpret.model_maps import make_attention_provider
-    from qkv.interpret.plots import plot_attention
-
     payload = make_attention_provider(args.run, beam=args.beam)(args.text)
     out_dir = Path(args.out or Path(args.run) / "attention")
     if payload.get("output"):
@@ -38,10 +40,8 @@ def plot_attention_cmd(args: argparse.Namespace) -> int:
 
 
 def plot_curves_cmd(args: argparse.Namespace) -> int:
-    from qkv.training.plots import plot_curves
-
-    metrics = Path(args.run) / "metrics.jsonl"
-    if not metrics.is_file():
-        raise FileNotFoundError(f"{args.run}: no metrics.jsonl (written while `qkv train` runs)")
-    print(plot_curves(metrics, Path(args.out or Path(args.run) / "curves.png")))
+    run = Run(args.run)
+    if not run.file(METRICS_FILE).is_file():
+        raise FileNotFoundError(f"{args.run}: no {METRICS_FILE} (written while `qkv train` runs)")
+    print(plot_curves(run.file(METRICS_FILE), Path(args.out or run.file(CURVES_FILE))))
     return 0

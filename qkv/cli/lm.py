@@ -13,17 +13,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qkv.cli import command_group
+import numpy as np
+
+from qkv.cli.common import add_device, add_recipe, add_weights, command_group
+from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
+from qkv.data.lm import load_tokens, split_by_position
+from qkv.data.sft import load_pairs
+from qkv.evaluation.perplexity import evaluate_tokens
+from qkv.generation.completer import Completer
+from qkv.io import read_text_file
+from qkv.runs import Run, load_model, require_arch
+from qkv.training.finetune import FinetuneRecipe, finetune
+from qkv.training.lm_run import convert_gpt2_run, load_run_recipe
+from qkv.training.train_lm import load_lm_recipe, train_lm
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``train lm``, ``generate``, ``finetune`` and ``eval lm`` to the ``qkv`` command line."""
     train = command_group(subparsers, "train", "train a model (lm: a GPT on raw text; mt: a translator)")
     p = train.add_parser("lm", help="pretrain a GPT on raw text (next-token prediction)",
-                         description="Pretrain a GPT. The config's header shows an example; key=value overrides "
-                                     "any setting (train.max_iters=100, model.d_model=256).")
-    p.add_argument("--config", help="recipe YAML (configs/lm/*.yaml); with --resume, the run's own config is used")
-    p.add_argument("--run", help="run directory (default: runs/<config name>)")
+                         description="Pretrain a GPT. The recipe's header shows an example; section.key=value "
+                                     "overrides any setting (train.steps=100, model.d_model=256).")
+    add_recipe(p, "lm")
+    p.add_argument("--run", help="run directory (default: runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue the run exactly from its last checkpoint")
     p.add_argument("--init-from", metavar="RUN", help="start from another run's weights and tokenizer, fresh optimizer")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -44,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--sliding-window", action="store_true", help="allow prompts/outputs longer than the context")
     p.add_argument("--batch-size", type=int, default=16, help="stdin lines completed together")
-    p.add_argument("--weights", default="model", choices=["model", "best", "last"])
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    add_weights(p)
+    add_device(p)
     p.add_argument("--compile", action="store_true",
                    help="compile the one-prompt decoding step with torch.compile: 2-3x faster steps on a CPU, "
                         "after seconds of compiling (needs a C++ compiler)")
@@ -58,13 +70,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="JSONL of {prompt, response}, or CORPUS:SPLIT (e.g. cmn-eng:train)")
     p.add_argument("--valid", help="held-out pairs for the task loss (JSONL or CORPUS:SPLIT)")
     p.add_argument("--out", required=True, help="the new run directory")
-    p.add_argument("--config", help="YAML with the settings (its 'finetune' section, if it has one)")
+    p.add_argument("--recipe", "--config", dest="recipe", metavar="FILE",
+                   help="YAML with a train: section (or a finetune: section holding one, as bench/forgetting.yaml)")
     cure = p.add_mutually_exclusive_group()
     cure.add_argument("--mix", type=float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
     cure.add_argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (max_iters=200, lr=1e-4)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (train.steps=200, train.lr=1e-4)")
     p.set_defaults(func=_finetune)
 
     ev = command_group(subparsers, "eval", "evaluate a model (lm: loss and perplexity)")
@@ -74,8 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--text", help="score this UTF-8 text file instead")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-windows", type=int, default=None, help="score only the first N context windows")
-    p.add_argument("--weights", default="model", choices=["model", "best", "last"])
-    p.add_argument("--device", default=None)
+    add_weights(p)
+    add_device(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval_lm)
 
@@ -93,23 +106,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train_lm(args: argparse.Namespace) -> int:
-    from qkv.config import apply_overrides
-    from qkv.training.lm_run import load_recipe
-    from qkv.training.train_lm import load_recipe_file, train_lm
-
     if args.resume:
         if not args.run:
             raise ValueError("--resume needs --run DIR")
-        recipe = load_recipe(args.run)
+        recipe = load_run_recipe(args.run)
         if args.overrides:
             recipe = apply_overrides(recipe, args.overrides)
         run = args.run
     else:
-        if not args.config:
-            raise ValueError("give --config FILE (e.g. configs/lm/baby.yaml), or --resume --run DIR")
-        recipe = load_recipe_file(args.config, args.overrides)
-        run = args.run or str(Path("runs") / Path(args.config).stem)
-    result = train_lm(recipe, run, resume=args.resume, init_from=args.init_from, quiet=args.quiet)
+        if not args.recipe:
+            raise ValueError(f"give --recipe NAME ({', '.join(recipe_names('lm'))}) or FILE, or --resume --run DIR")
+        recipe = load_lm_recipe(args.recipe, args.overrides)
+        run = args.run or str(Path("runs") / Path(args.recipe).stem)
+    result = train_lm(recipe, run, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
+                      quiet=args.quiet)
     print(json.dumps({
         "run": str(result.run_dir), "step": result.step, "train_seconds": round(result.train_seconds, 1),
         "valid_loss_estimate": result.valid_loss, "best_valid_estimate": result.best_valid,
@@ -127,8 +137,6 @@ def _escape(text: str) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from qkv.generation.completer import Completer
-
     completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile)
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=args.stop)
@@ -151,27 +159,21 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from qkv.config import apply_overrides, from_dict
-    from qkv.data.sft import load_pairs
-    from qkv.training.finetune import FinetuneConfig, finetune
-
-    cfg = FinetuneConfig()
-    if args.config:
-        import yaml
-
-        path = Path(args.config)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        section = data.get("finetune", data) if isinstance(data, dict) else data
-        cfg = from_dict(FinetuneConfig, section, where=f"{path} (finetune)")
+    recipe = FinetuneRecipe()
+    if args.recipe:
+        data = read_yaml_mapping(args.recipe)
+        section = data.get("finetune", data)
+        if not isinstance(section, dict):
+            raise ConfigError(f"{args.recipe}: the finetune section must be a mapping with a train: section")
+        recipe = from_dict(FinetuneRecipe, section, where=f"{args.recipe}" + (" (finetune)" if "finetune" in data else ""))
     overrides = list(args.overrides)
     if args.mix is not None:
-        overrides.append(f"mix={args.mix}")
+        overrides.append(f"train.mix={args.mix}")
     if args.lora is not None:
-        overrides.append(f"lora_rank={args.lora}")
+        overrides.append(f"train.lora_rank={args.lora}")
     if overrides:
-        cfg = apply_overrides(cfg, overrides)
+        recipe = apply_overrides(recipe, overrides)
+    cfg = recipe.train
     train_pairs = load_pairs(args.data)
     valid_pairs = load_pairs(args.valid) if args.valid else None
     result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume, quiet=args.quiet,
@@ -182,35 +184,25 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _convert_gpt2(args: argparse.Namespace) -> int:
-    from qkv.training.lm_run import convert_gpt2_run, load_run
-
     run = convert_gpt2_run(args.source, args.run)
-    model, tokenizer, _ = load_run(run, device="cpu")
+    model, tokenizer = load_model(run, device="cpu")
     print(json.dumps({"run": str(run), "parameters": sum(p.numel() for p in model.parameters()),
                       "vocab_size": tokenizer.vocab_size, "context": model.cfg.max_len}))
     return 0
 
 
 def _eval_lm(args: argparse.Namespace) -> int:
-    from qkv.data.lm import TOKENS_FILE, load_tokens, split_by_position
-    from qkv.evaluation.perplexity import evaluate_tokens
-    from qkv.training.lm_run import load_run
-
-    model, tokenizer, recipe = load_run(args.run, device=args.device, which=args.weights)
+    run = Run(args.run)
+    require_arch(run, "gpt", "qkv eval lm")
+    model, tokenizer = load_model(run, args.weights, args.device)
+    recipe = load_run_recipe(run.path)
     if args.text:
-        from qkv.data.corpora import read_text_file
-
-        import numpy as np
-
         tokens = np.asarray(tokenizer.encode(read_text_file(args.text)), dtype=np.int64)
         what = args.text
     else:
-        path = Path(args.run) / TOKENS_FILE
-        finetune_file = Path(args.run) / "finetune.json"
-        if not path.is_file() and finetune_file.is_file():  # a fine-tuned run: its base run's corpus
-            path = Path(json.loads(finetune_file.read_text(encoding="utf-8"))["base_run"]) / TOKENS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no tokenized corpus in the run; pass --text FILE")
+        path = run.tokens_path  # a fine-tuned run: its base run's corpus
+        if path is None:
+            raise FileNotFoundError(f"{run.path}: no tokenized corpus in the run (nor in a base run); pass --text FILE")
         train, valid = split_by_position(load_tokens(path), recipe.data.valid_fraction)
         tokens = valid if args.split == "valid" else train
         what = f"{recipe.data.path or recipe.data.corpus} ({args.split})"

@@ -12,6 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from qkv.interpret.explorer.export import export_page
+from qkv.interpret.explorer.payload import AttentionDataError
+from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
+from qkv.interpret import model_maps
+
 DEFAULT_PORT = 8765
 
 
@@ -51,18 +56,14 @@ def _load_provider(run_dir: str):
     """The run's ``text -> attention maps`` function (qkv.interpret.model_maps)."""
     if not Path(run_dir).is_dir():
         raise LookupError(f"--run {run_dir}: no such directory")
-    from qkv.interpret.model_maps import make_attention_provider
-
     try:
-        return make_attention_provider(run_dir)
+        return model_maps.make_attention_provider(run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise LookupError(f"--run {run_dir}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve or export the explorer. Returns the process exit code."""
-    from qkv.interpret.explorer.server import MAX_TEXT_CHARS
-
     if args.text is not None and len(args.text) > MAX_TEXT_CHARS:
         return _error(f"--text is {len(args.text)} characters; the limit is {MAX_TEXT_CHARS}")
     if not 0 <= args.port <= 65535:
@@ -75,9 +76,6 @@ def run(args: argparse.Namespace) -> int:
             return _error(str(err))
 
     if args.export:
-        from qkv.interpret.explorer.export import export_page
-        from qkv.interpret.explorer.payload import AttentionDataError
-
         data = None
         if provider is not None:
             if not args.text:
@@ -92,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
             return _error(str(err))
         print(out)
         return 0
-
-    from qkv.interpret.explorer.server import serve
 
     try:
         return serve(

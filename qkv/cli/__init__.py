@@ -1,0 +1,71 @@
+"""The ``qkv`` command line: one subcommand per job; results to stdout, logs and progress to stderr.
+
+Each file of this package parses the arguments of one area's commands and calls the library:
+``mt`` (train mt, translate, eval mt, demo), ``lm`` (train lm, generate, finetune, eval lm, convert),
+``data``, ``plot``, ``explore`` and ``info``. This file lists them and turns every error a user can
+cause into one line that names the problem, never a traceback (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from qkv.cli import data, explore, info, lm, mt, plot
+from qkv.weights import CheckpointError
+
+# The modules that add subcommands, in the order --help lists them.
+COMMAND_MODULES = (info, mt, lm, data, plot, explore)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qkv",
+        description="The Transformer of 'Attention Is All You Need': translate, pretrain and fine-tune a GPT, "
+                    "decode with a KV cache and beam search, and see attention.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader went away (`qkv data list | head`): nothing more can be written, and Python would
+    # print a BrokenPipeError while flushing stdout at exit. Point stdout at /dev/null instead.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return 0
+    # Every error a user can cause: bad input or config (ValueError and its kinds: ConfigError,
+    # DataError, RunError, DeviceError, TokenizerError), missing files, damaged checkpoints, a loss
+    # that became NaN, and what the system refuses (a full disk, a read-only folder).
+    except (ValueError, OSError, CheckpointError, FloatingPointError) as e:
+        if args.debug:
+            raise
+        message = str(e) if not isinstance(e, OSError) or not e.strerror else (
+            f"{e.filename}: {e.strerror}" if e.filename else e.strerror)
+        print(f"qkv {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""What several commands share: sub-command groups, and the --device and --weights options, spelled once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv.config import recipe_names
+from qkv.io import DEVICE_DEFAULT
+from qkv.runs import WEIGHT_NAMES
+
+WEIGHTS_HELP = (f"which weights of the run: {', '.join(WEIGHT_NAMES)} (default: model, the trainer's final choice; "
+                "else best, else last), or a .safetensors file")
+
+
+def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """The sub-subcommands of ``qkv NAME`` (``qkv train mt``, ``qkv train lm``...), created on first use.
+
+    Several modules add kinds to the same group (translation adds ``train mt``, the GPT part adds
+    ``train lm``), so a second call finds the parser the first one created instead of replacing it.
+    """
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help=help, description=help)
+        parser.set_defaults(func=lambda args, p=parser: (p.print_help(sys.stderr), 2)[1])
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest=f"{name}_kind", metavar="KIND")
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """``--device``: the same option, with the same default, on every command that runs a model."""
+    parser.add_argument("--device", default=DEVICE_DEFAULT,
+                        help=f"auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N")
+
+
+def add_weights(parser: argparse.ArgumentParser) -> None:
+    """``--weights``: one vocabulary for every command that loads a run (see qkv.runs)."""
+    parser.add_argument("--weights", default=None, metavar="NAME|FILE", help=WEIGHTS_HELP)
+
+
+def add_recipe(parser: argparse.ArgumentParser, kind: str) -> None:
+    """``--recipe NAME|FILE`` (``--config`` is the same): a recipe shipped in qkv/recipes/KIND, or a YAML file;
+    ``--overwrite``, ``--resume`` beside it."""
+    parser.add_argument("--recipe", "--config", dest="recipe", metavar="NAME|FILE",
+                        help=f"a shipped recipe ({', '.join(recipe_names(kind))}) or a YAML file with model:, data: "
+                             "and train: sections; not needed with --resume")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run that --run already holds")

@@ -1,0 +1,275 @@
+"""What every part of qkv needs from the outside world, written once: files, names, devices, precision.
+
+- Atomic writes: a file is written to a temporary name beside it, flushed, and renamed over the old
+  one (``os.replace``, atomic on POSIX and Windows), so a kill at any moment leaves the old file or
+  the new one, never half of one. :func:`atomic_paths` does it for several files at once: none is
+  renamed until all are complete.
+- Strict text reading: UTF-8 or an error that names the file, line and column; lines end at ``\\n``.
+- "Did you mean": one spelling of the hint that follows an unknown name.
+- Devices and precision: ``auto`` means CUDA when torch sees one, else the CPU; asking for a device
+  that is absent is an error that says so (never a traceback from deep inside torch). bf16 autocast
+  on CUDA, fp32 on CPUs (most have no bf16 units: it runs 6-100x slower there).
+- :func:`evaluating`: eval mode and no gradients for a block, the model's mode put back after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+
+
+class DataError(ValueError):
+    """Input that cannot be read: a missing or malformed file, a corpus unlike its registry entry.
+
+    The message names the file (and line where there is one) and what to do.
+    """
+
+
+class DeviceError(ValueError):
+    """A device that was asked for but is not there (``cuda`` on a machine without CUDA)."""
+
+
+def did_you_mean(key: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` when a choice is close to ``key``, else ``""``: the tail of an error message."""
+    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+def _fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform (e.g. Windows), hence best effort.
+    try:
+        _fsync_file(path)
+    except OSError:
+        pass
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temporary files left for ``path`` by processes that were killed mid-write."""
+    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe only on POSIX
+        return
+    pattern = re.compile(re.escape(f".{path.name}.tmp-") + r"(\d+)-[0-9a-f]+$")
+    for other in path.parent.glob(f".{path.name}.tmp-*"):
+        m = pattern.match(other.name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)  # still running: maybe another process writing; leave it
+            continue
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OSError):
+            continue
+        with contextlib.suppress(OSError):
+            other.unlink()
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yield temporary paths beside ``paths``; when all are written, move each over its target, in order.
+
+    Nothing is renamed until every temporary file is complete and flushed, so a failure while writing
+    any of them (an exception, a full disk) leaves all the targets as they were; the temporary files
+    are deleted.
+
+    Example:
+        >>> with atomic_paths("run/a.safetensors", "run/a.pt") as (tmp_w, tmp_s):  # doctest: +SKIP
+        ...     write_weights(tmp_w); write_state(tmp_s)
+
+    Args:
+        *paths: The final files. Their directories are created if needed.
+
+    Yields:
+        One temporary path per target, in the same directory (a rename across file systems would not
+        be atomic).
+    """
+    targets = [Path(p) for p in paths]
+    temps = []
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
+        temps.append(path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        yield temps
+        for path, tmp in zip(targets, temps):
+            if not tmp.exists():
+                raise OSError(f"{path}: the writer did not create the temporary file {tmp}")
+            _fsync_file(tmp)  # data on disk before the rename makes it visible
+        for path, tmp in zip(targets, temps):
+            os.replace(tmp, path)
+    except BaseException:  # also KeyboardInterrupt: never leave a temporary file behind
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    for parent in {p.parent for p in targets}:
+        _fsync_dir(parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """:func:`atomic_paths` for one file: yield a temporary path, moved over ``path`` on success."""
+    with atomic_paths(path) as (tmp,):
+        yield tmp
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` as UTF-8 to ``path``, atomically."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON (non-ASCII kept readable) to ``path``, atomically."""
+    return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Strict text reading
+
+
+def decode_utf8(data: bytes, path: str | Path) -> str:
+    """Decode ``data`` as UTF-8; a bad byte is an error naming the file, line and column."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}, "
+            f"byte offset {e.start}: {e.reason})"
+        ) from None
+
+
+def read_text_file(path: str | Path) -> str:
+    """The whole file as UTF-8 text (errors name the file and line of the first bad byte)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    return decode_utf8(path.read_bytes(), path)
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file, without their line endings.
+
+    Only ``\\n`` (and a ``\\r`` before it) ends a line: ``str.splitlines`` would also split on characters
+    such as U+2028 or U+0085 that can occur inside a sentence, and shift every later line of a
+    parallel corpus out of alignment.
+    """
+    text = read_text_file(path)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start an empty one
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """The JSON in ``path``; a missing or malformed file is a :class:`DataError` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such {what}")
+    try:
+        return json.loads(read_text_file(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the {what} is damaged") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices and precision
+
+# Every command's --device and every recipe's train.device default to this.
+DEVICE_DEFAULT = "auto"
+DTYPES = ("auto", "fp32", "bf16")
+
+
+def resolve_device(name: str | torch.device | None = DEVICE_DEFAULT) -> torch.device:
+    """``auto`` (or None): CUDA when torch sees one, else the CPU; an absent device is a :class:`DeviceError`.
+
+    Args:
+        name: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, or a ``torch.device``.
+    """
+    if name is None or str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {str(name)!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device {str(name)!r} was asked for, but torch sees no CUDA device here; "
+                              "use --device cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {str(name)!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {str(name)!r} was asked for, but MPS is not available here; use --device cpu")
+    return device
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA (``auto`` or ``bf16``); None (fp32) on CPU, where bf16 is 6-100x slower."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}{did_you_mean(dtype, DTYPES)}")
+    if dtype == "bf16" and device.type != "cuda":
+        raise ValueError("dtype 'bf16' is for CUDA only: CPUs without bf16 units run it 6-100x slower; use fp32")
+    if device.type == "cuda" and dtype in ("auto", "bf16"):
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to ``dtype`` on ``device``, or nothing for fp32 (None)."""
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (all of a qkv model's parameters share one)."""
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (no dropout) and no gradients inside the block; the model's train/eval mode after is as before."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+__all__ = [
+    "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "write_text", "write_json",
+    "decode_utf8", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
+    "autocast_dtype", "autocast", "model_device", "evaluating",
+]

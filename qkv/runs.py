@@ -1,0 +1,287 @@
+"""The run directory: one folder that holds everything needed to use, continue or inspect a model.
+
+Every job writes one (``qkv train mt``, ``qkv train lm``, ``qkv finetune``, ``qkv demo``, ``qkv convert
+gpt2``) and every command that uses a model reads one (``translate``, ``generate``, ``eval``,
+``explore``, ``plot``). This module alone knows its file names and how its files belong together:
+
+    config.json           the resolved recipe that ran (``model``, ``data``, ``train`` sections)
+    tokenizer.json        the tokenizer (a GPT-2 run also keeps ``tokenizer.bpe``)
+    model.safetensors     the weights to use: the trainer's final choice
+    best.safetensors      weights at the best validation score
+    average.safetensors   the average of the last K checkpoints (translation, Section 6.1)
+    last.safetensors      \\ the latest checkpoint: weights, and the trainer state of an exact --resume
+    last.pt               /  (the two carry one id, so a mismatched pair is refused)
+    step_N.safetensors    the last K checkpoints' weights, for averaging (translation)
+    tokens.bin(.json)     the corpus tokenized once (GPT; see qkv.data.lm)
+    metrics.jsonl         one JSON object per logged event
+    curves.png            loss, learning rate (and BLEU) against step
+    results.json          the final scores
+    finetune.json         a fine-tuning run's settings and its base run
+
+Weights are named by one vocabulary everywhere (``--weights``): ``model``, ``best``, ``last``,
+``average``, or the path of a ``.safetensors`` file. The default is ``model``, else ``best``, else
+``last`` (a run stopped before its end).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qkv.config import ConfigError, ModelConfig, from_dict
+from qkv.data.lm import TOKENS_FILE
+from qkv.io import DataError, did_you_mean, read_json, resolve_device
+from qkv.models import GPT, Transformer
+from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
+from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_weights
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+RESULTS_FILE = "results.json"
+FINETUNE_FILE = "finetune.json"
+ADAPTER_FILE = "adapter.safetensors"
+LAST = "last"  # the checkpoint an exact --resume continues from
+STEP_PREFIX = "step_"
+
+# The weights a run may hold, by name (``--weights NAME``); anything else is a path.
+WEIGHT_NAMES = ("model", "best", "last", "average")
+# What a run is used with when no name is given: the final choice, else the best, else the last.
+_DEFAULT_WEIGHTS = ("model", "best", "last")
+# Files a fresh run replaces when asked to (--overwrite); step_*, .hyp and tokens files as well.
+_RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, FINETUNE_FILE, ADAPTER_FILE,
+              *(f"{n}{WEIGHTS_SUFFIX}" for n in WEIGHT_NAMES), f"{LAST}.pt")
+
+MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
+_MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
+
+
+class RunError(ValueError):
+    """A run directory that is missing, incomplete, or whose files do not belong together."""
+
+
+class Run:
+    """A run directory: its files by name, its config, tokenizer and weights.
+
+    Nothing is read until asked for; each file is read once.
+
+    Example:
+        >>> run = Run("runs/demo")                       # doctest: +SKIP
+        >>> model, tokenizer = load_model(run, "best")   # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def file(self, name: str) -> Path:
+        """The path of ``name`` inside the run."""
+        return self.path / name
+
+    @property
+    def exists(self) -> bool:
+        """Whether the directory holds a run (its ``config.json``)."""
+        return self.file(CONFIG_FILE).is_file()
+
+    @property
+    def has_checkpoint(self) -> bool:
+        """Whether ``last.pt`` is there: a run that ``--resume`` can continue."""
+        return self.file(f"{LAST}.pt").is_file()
+
+    # ------------------------------------------------------------------------------------------
+    # The config
+
+    @functools.cached_property
+    def config(self) -> dict[str, Any]:
+        """The JSON of ``config.json``: ``model``, ``data`` and ``train`` sections; errors say what is missing."""
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"run directory not found: {self.path} (a run is written by `qkv train mt`, "
+                                    "`qkv train lm` or `qkv demo`)")
+        path = self.file(CONFIG_FILE)
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.path}: no {CONFIG_FILE} (the resolved config every run holds); is this "
+                                    "a qkv run directory (from `qkv train`, `qkv finetune` or `qkv demo`)?")
+        try:
+            data = read_json(path, "run config")
+        except DataError as e:
+            raise RunError(str(e)) from None
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise RunError(f"{path}: no 'model' section; not a config written by qkv")
+        return data
+
+    @property
+    def arch(self) -> str:
+        """``transformer`` (encoder-decoder) or ``gpt`` (decoder-only)."""
+        arch = self.config["model"].get("arch", "transformer")
+        if arch not in MODELS:
+            raise RunError(f"{self.file(CONFIG_FILE)}: model.arch is {arch!r}, expected one of "
+                           f"{list(MODELS)}{did_you_mean(str(arch), MODELS)}")
+        return arch
+
+    @functools.cached_property
+    def model_config(self) -> ModelConfig:
+        """The model's :class:`ModelConfig`, as it ran (vocabulary size from the tokenizer)."""
+        try:
+            return from_dict(ModelConfig, self.config["model"], where=f"{self.file(CONFIG_FILE)}: model")
+        except ConfigError as e:
+            raise RunError(str(e)) from None
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section of the config (``data``, ``train``), empty when the run has none."""
+        value = self.config.get(name) or {}
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def start_text(self) -> str:
+        """What an empty prompt starts from (a GPT run's ``data.start``; nanoGPT samples from a newline)."""
+        return str(self.section("data").get("start", "\n"))
+
+    # ------------------------------------------------------------------------------------------
+    # Tokenizer, weights, base run, corpus
+
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer, checked against the model's vocabulary size."""
+        if not self.file(TOKENIZER_FILE).is_file():
+            raise FileNotFoundError(f"{self.path}: missing {TOKENIZER_FILE}; a run holds {CONFIG_FILE}, "
+                                    f"{TOKENIZER_FILE} and its weights")
+        try:
+            tokenizer = load_tokenizer(self.path)
+        except TokenizerError as e:
+            raise RunError(str(e)) from None
+        if tokenizer.vocab_size != self.model_config.vocab_size:
+            raise RunError(f"{self.file(TOKENIZER_FILE)} has {tokenizer.vocab_size} entries but "
+                           f"{self.file(CONFIG_FILE)} says vocab_size {self.model_config.vocab_size}: "
+                           "the files come from different runs")
+        return tokenizer
+
+    def weights_path(self, which: str | Path | None = None) -> Path:
+        """The weights file named ``which`` (see the module docstring); it must exist.
+
+        Raises:
+            FileNotFoundError: naming the files that were looked for.
+        """
+        if which is None:
+            for name in _DEFAULT_WEIGHTS:
+                path = self.file(f"{name}{WEIGHTS_SUFFIX}")
+                if path.is_file():
+                    return path
+            raise FileNotFoundError(f"{self.path}: no weights ({', '.join(n + WEIGHTS_SUFFIX for n in _DEFAULT_WEIGHTS)}); "
+                                    "the run has not saved any yet")
+        name = str(which)
+        path = self.file(f"{name}{WEIGHTS_SUFFIX}") if name in WEIGHT_NAMES else Path(which)
+        if not path.is_file():
+            if name in WEIGHT_NAMES:
+                have = [n for n in WEIGHT_NAMES if self.file(f"{n}{WEIGHTS_SUFFIX}").is_file()]
+                raise FileNotFoundError(f"{self.path}: no {path.name}; this run has {', '.join(have) or 'no weights'}")
+            hint = f" (or one of the run's: {', '.join(WEIGHT_NAMES)})" if not name.endswith(WEIGHTS_SUFFIX) else ""
+            raise FileNotFoundError(f"--weights {name}: no such weights file{hint}")
+        return path
+
+    @property
+    def base(self) -> Run | None:
+        """The run a fine-tuning run started from (``finetune.json``), or None."""
+        path = self.file(FINETUNE_FILE)
+        if not path.is_file():
+            return None
+        try:
+            return Run(read_json(path, "fine-tuning record")["base_run"])
+        except (DataError, KeyError, TypeError) as e:
+            raise RunError(f"{path}: no base_run ({e})") from None
+
+    @property
+    def tokens_path(self) -> Path | None:
+        """The tokenized pretraining corpus: the run's own ``tokens.bin``, else its base run's; None if neither."""
+        run: Run | None = self
+        while run is not None:
+            if run.file(TOKENS_FILE).is_file():
+                return run.file(TOKENS_FILE)
+            run = run.base
+        return None
+
+    def checkpoint_names(self) -> list[Path]:
+        """The step checkpoints' weights (``step_N.safetensors``), oldest first."""
+        return sorted(self.path.glob(f"{STEP_PREFIX}*{WEIGHTS_SUFFIX}"))
+
+    # ------------------------------------------------------------------------------------------
+    # New, resume, overwrite
+
+    def prepare(self, resume: bool = False, overwrite: bool = False) -> Run:
+        """Make the directory ready for a job: continue it (``resume``), replace it (``overwrite``), or a new one.
+
+        Raises:
+            FileNotFoundError: ``resume`` without a checkpoint to continue.
+            RunError: a new run in a directory that already holds one, without ``overwrite``.
+        """
+        if resume:
+            if not self.has_checkpoint:
+                raise FileNotFoundError(f"{self.path}: nothing to resume (no {LAST}.pt checkpoint)")
+            return self
+        existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
+        existing += self.checkpoint_names() + sorted(self.path.glob("*.hyp")) + sorted(self.path.glob(f"{TOKENS_FILE}*"))
+        if existing and not overwrite:
+            raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
+                           f"{', ...' if len(existing) > 4 else ''}); pass --resume to continue it, --overwrite to "
+                           "start again, or choose another --run directory")
+        for path in existing:
+            path.unlink()
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def load_model(run: Run | str | Path, weights: str | Path | None = None,
+               device: str | torch.device | None = "auto") -> tuple[nn.Module, Tokenizer]:
+    """The model of a run with its weights, in eval mode on ``device``, and its tokenizer.
+
+    Args:
+        run: A :class:`Run` or its path.
+        weights: ``model``, ``best``, ``last``, ``average`` or a ``.safetensors`` path (default: see
+            :meth:`Run.weights_path`).
+        device: ``auto`` (CUDA when present), ``cpu``, ``cuda``...
+
+    Raises:
+        FileNotFoundError: the directory or one of its files is missing (each is named).
+        RunError: files that do not belong together.
+        DeviceError: a device that is not there.
+    """
+    run = run if isinstance(run, Run) else Run(run)
+    device = resolve_device(device)
+    missing = [] if run.file(TOKENIZER_FILE).is_file() else [TOKENIZER_FILE]
+    try:
+        path = run.weights_path(weights)
+    except FileNotFoundError as e:
+        if not missing:
+            raise
+        missing.append(str(e).split(": ", 1)[-1])
+    if missing:
+        raise FileNotFoundError(f"{run.path}: missing {' and '.join(missing)}; a run holds {CONFIG_FILE}, "
+                                f"{TOKENIZER_FILE} and its weights")
+    model = MODELS[run.arch](run.model_config)
+    tokenizer = run.tokenizer()
+    try:
+        load_weights(path, model)
+    except CheckpointError as e:
+        raise RunError(f"{e}\n(the weights do not match {run.file(CONFIG_FILE)}: files from different runs?)") from None
+    return model.to(device).eval(), tokenizer
+
+
+def require_arch(run: Run, arch: str, command: str) -> None:
+    """A clear error when ``run`` holds the other kind of model than ``command`` needs."""
+    if run.arch != arch:
+        kind = "an encoder-decoder" if arch == "transformer" else "a GPT"
+        raise RunError(f"{run.path} holds a {run.arch!r} model, not {kind}; {command} needs a run of {_MAKERS[arch]}")
+
+
+__all__ = [
+    "Run", "RunError", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
+    "METRICS_FILE", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
+    "TOKENS_FILE", "WEIGHTS_SUFFIX",
+]
