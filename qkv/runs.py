@@ -46,6 +46,8 @@ RESULTS_FILE = "results.json"
 FINETUNE_FILE = "finetune.json"
 ADAPTER_FILE = "adapter.safetensors"
 LAST = "last"  # the checkpoint an exact --resume continues from
+MODEL_WEIGHTS_NAME = "model.safetensors"  # the weights a run is used with
+BEST_WEIGHTS_NAME = "best.safetensors"
 STEP_PREFIX = "step_"
 
 # The weights a run may hold, by name (``--weights NAME``); anything else is a path.
@@ -174,8 +176,8 @@ class Run:
                 path = self.file(f"{name}{WEIGHTS_SUFFIX}")
                 if path.is_file():
                     return path
-            raise FileNotFoundError(f"{self.path}: no weights ({', '.join(n + WEIGHTS_SUFFIX for n in _DEFAULT_WEIGHTS)}); "
-                                    "the run has not saved any yet")
+            names = ", ".join(n + WEIGHTS_SUFFIX for n in _DEFAULT_WEIGHTS)
+            raise FileNotFoundError(f"{self.path}: no weights ({names}); the run has not saved any yet")
         name = str(which)
         path = self.file(f"{name}{WEIGHTS_SUFFIX}") if name in WEIGHT_NAMES else Path(which)
         if not path.is_file():
@@ -226,7 +228,8 @@ class Run:
                 raise FileNotFoundError(f"{self.path}: nothing to resume (no {LAST}.pt checkpoint)")
             return self
         existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
-        existing += self.checkpoint_names() + sorted(self.path.glob("*.hyp")) + sorted(self.path.glob(f"{TOKENS_FILE}*"))
+        existing += self.checkpoint_names() + sorted(self.path.glob("*.hyp"))
+        existing += sorted(self.path.glob(f"{TOKENS_FILE}*"))
         if existing and not overwrite:
             raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
                            f"{', ...' if len(existing) > 4 else ''}); pass --resume to continue it, --overwrite to "
@@ -283,5 +286,6 @@ def require_arch(run: Run, arch: str, command: str) -> None:
 __all__ = [
     "Run", "RunError", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
     "METRICS_FILE", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
+    "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",
     "TOKENS_FILE", "WEIGHTS_SUFFIX",
 ]

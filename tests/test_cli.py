@@ -37,3 +37,19 @@ def test_public_names():
     for name in ("Transformer", "GPT", "ModelConfig", "Translator", "Completer", "generate", "beam_search",
                  "capture_attention"):
         assert callable(getattr(qkv, name)), name
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`qkv info | head -0`: the reader leaves before qkv writes; no BrokenPipeError traceback, exit 0."""
+    for argv in (["info"], ["data", "list"]):
+        proc = subprocess.run(f"{sys.executable} -m qkv {' '.join(argv)} | head -0; exit ${{PIPESTATUS[0]}}",
+                              shell=True, executable="/bin/bash", capture_output=True, text=True)
+        assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+        assert proc.returncode == 0, argv
+
+
+def test_a_bad_override_value_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "qkv", "train", "lm", "--recipe", "baby", "--run", str(tmp_path / "r"),
+                           "train.lr=[1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "train.lr=[1" in proc.stderr and "not valid YAML" in proc.stderr

@@ -1,6 +1,7 @@
 """The GPT commands end to end: train lm, generate (argument and stdin), eval lm, finetune; shared groups."""
 
 import argparse
+import shutil
 import io
 import json
 
@@ -120,3 +121,41 @@ def test_register_joins_a_train_group_created_by_another_module():
     assert parser.parse_args(["train", "mt"]).func == "mt"
     assert parser.parse_args(["train", "lm", "--config", "x.yaml"]).recipe == "x.yaml"
     assert command_group(sub, "train", "") is mt
+
+
+def test_generate_takes_every_weights_name_of_the_run(run, tmp_path, capsys):
+    """One weights vocabulary for every command: `--weights average` works for a GPT as for translation."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.copy(copy / "model.safetensors", copy / "average.safetensors")
+    args = ["generate", "--run", str(copy), "All:", "-n", "8", "--temperature", "0"]
+    assert qkv.cli.main(args) == 0
+    expected = capsys.readouterr().out
+    for name in ("average", "best", "last", str(copy / "model.safetensors")):
+        assert qkv.cli.main(args + ["--weights", name]) == 0, name
+        assert capsys.readouterr().out.startswith("All:")
+    assert qkv.cli.main(args + ["--weights", "average"]) == 0 and capsys.readouterr().out == expected
+    (copy / "average.safetensors").unlink()
+    assert qkv.cli.main(args + ["--weights", "average"]) == 2
+    err = capsys.readouterr().err
+    assert "no average.safetensors" in err and "this run has model, best, last" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_clear_line(run, capsys):
+    for argv in (["generate", "--run", str(run), "All:", "-n", "2"], ["eval", "lm", "--run", str(run)]):
+        assert qkv.cli.main(argv + ["--device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "torch sees no CUDA device" in err and "--device cpu" in err and "Traceback" not in err
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "2", "--device", "gpu"]) == 2
+    assert "unknown device 'gpu'" in capsys.readouterr().err
+
+
+def test_a_translation_run_is_refused_by_generate(run, tmp_path, capsys):
+    fake = tmp_path / "mt"
+    shutil.copytree(run, fake)
+    config = json.loads((fake / "config.json").read_text())
+    config["model"]["arch"] = "transformer"
+    (fake / "config.json").write_text(json.dumps(config))
+    assert qkv.cli.main(["generate", "--run", str(fake), "All:"]) == 2
+    assert "not a GPT" in capsys.readouterr().err

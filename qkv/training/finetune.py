@@ -30,9 +30,8 @@ from typing import Sequence, TextIO
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from safetensors.torch import save_file
+from torch import Tensor, nn
 
 from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
@@ -41,16 +40,15 @@ from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import atomic_path, autocast, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
-from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, LAST, RESULTS_FILE, Run
-from qkv.training.checkpoint import load_checkpoint, save_checkpoint
-from qkv.training.lm_run import MODEL_WEIGHTS, load_run_recipe
-from qkv.training.loop import LoopConfig, start
-from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run
+from qkv.training.lm_run import load_run_recipe
+from qkv.training.logging import MetricsLogger, Progress
+from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
-from qkv.weights import load_weights, save_weights
+from qkv.weights import load_weights
 
 
 @dataclass(frozen=True)
@@ -226,7 +224,8 @@ def finetune(
         full pass over the pretraining corpus's validation split).
     """
     base_run, out_dir = Path(base_run), Path(out_dir)
-    device, amp = start(cfg)
+    runtime = start(cfg)
+    device, amp = runtime.device, runtime.amp
     recipe = load_run_recipe(base_run)
     context = recipe.context
     if out_dir.resolve() == base_run.resolve():
@@ -273,38 +272,33 @@ def finetune(
                                                  seed=1001, autocast_dtype=amp)
         return out
 
-    step, elapsed_before, before = 0, 0.0, {}
-    metrics = MetricsLogger(out_dir)
+    state = LoopState()
+    metrics = MetricsLogger(out_dir, enabled=runtime.is_main)
     if resume:
-        state = load_checkpoint(out_dir, LAST, model, optimizer)
-        step, elapsed_before = int(state["step"]), float(state["elapsed"])
-        before = {k: float(v) for k, v in state["before"].items()}
-        sampler.load_state_dict(state["task_data"])
-        pretrain.load_state_dict(state["pretrain_data"])
+        saved = resume_state(out_dir, model, optimizer, state, task_data=sampler, pretrain_data=pretrain)
+        before = {k: float(v) for k, v in saved["before"].items()}
     else:
         before = evaluate(full=True)
         metrics.log(0, "valid", loss=before.get("task_loss"), pretrain_loss=before["pretrain_loss"])
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    progress = Progress(total=cfg.steps, desc="finetune", log_every=cfg.eval_every, start_step=step,
-                        stream=stream, enabled=not quiet)
+    cadence = Cadence(cfg, state)
+    progress = Progress(total=cfg.steps, desc="finetune", log_every=cfg.eval_every, start_step=state.step,
+                        stream=stream, enabled=not quiet and runtime.is_main)
     progress.write(f"finetune {base_run} -> {out_dir}: {len(train_examples):,} examples, "
                    f"{n_train / 1e6:.3f}M trainable parameters"
                    + (f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else "") + f", lambda {cfg.mix:g}; before: "
                    + ", ".join(f"{k} {v:.4f}" for k, v in before.items()))
-    result = FinetuneResult(out_dir, step, before=before)
-    t0 = time.perf_counter()
+    result = FinetuneResult(out_dir, state.step, before=before)
 
     def checkpoint() -> None:
-        save_checkpoint(out_dir, LAST, model, optimizer, {
-            "step": step, "elapsed": elapsed_before + time.perf_counter() - t0, "before": before,
-            "task_data": sampler.state_dict(), "pretrain_data": pretrain.state_dict(),
-        })
+        save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, task_data=sampler,
+                   pretrain_data=pretrain)
 
     model.train()
     try:
-        while step < cfg.steps and (stop_at is None or step < stop_at):
-            step += 1
+        while cadence.running(stop_at):
+            step = cadence.begin_step()
             lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
             set_lr(optimizer, lr)
             sums = torch.zeros(3, device=device)  # total, task, pretrain
@@ -312,46 +306,47 @@ def finetune(
                 pre_batch = pretrain.get_batch("train", pretrain_bs, context) if cfg.mix > 0 else None
                 total, task, pre = mixed_loss(model, sampler.next(), pre_batch, cfg.mix, amp)
                 (total / cfg.accumulate).backward()
-                sums += torch.stack([total.detach(), task.detach(),
-                                     pre.detach() if pre is not None else torch.zeros((), device=device)]) / cfg.accumulate
-            loss_value = check_finite(sums[0], step)
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                pre = pre.detach() if pre is not None else torch.zeros((), device=device)
+                sums += torch.stack([total.detach(), task.detach(), pre]) / cfg.accumulate
+            loss_value = optimizer_step(optimizer, sums[0], step, cfg.clip_norm,
+                                        (p for p in model.parameters() if p.requires_grad))
+            cadence.end_step()
             task_value, pre_value = sums[1].item(), sums[2].item()
             result.losses.append(loss_value)
             result.task_losses.append(task_value)
             result.pretrain_losses.append(pre_value)
-            if step % cfg.log_every == 0:
+            if cadence.log_due:
                 extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
                 metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
             progress.update(step, loss=loss_value, lr=lr)
-            if step % cfg.eval_every == 0 and step < cfg.steps:
+            if cadence.last:
+                checkpoint()  # the final evaluation, a full pass, follows the loop
+            elif cadence.eval_due:
                 ev = evaluate(full=False)
                 metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev["pretrain_loss"])
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 checkpoint()
-            elif stop_at is not None and step == stop_at:
+            elif step == stop_at:
                 checkpoint()
     finally:
         progress.close()
-        result.step = step
-        result.train_seconds = elapsed_before + time.perf_counter() - t0
+        result.step, result.train_seconds = state.step, state.seconds
 
-    if step == cfg.steps:
-        checkpoint()
-        if cfg.lora_rank:
+    step = state.step
+    if cadence.last:
+        if cfg.lora_rank and runtime.is_main:
             with atomic_path(out_dir / ADAPTER_FILE) as tmp:
                 save_file({k: v.contiguous().cpu() for k, v in lora_state_dict(model).items()}, str(tmp))
+        if cfg.lora_rank:
             merge_lora(model)  # the export is a plain GPT
-        save_weights(out_dir / MODEL_WEIGHTS, model, metadata={"step": str(step), "base_run": str(base_run)})
+        export(out_dir, model, runtime, step=step, base_run=base_run)
         result.after = evaluate(full=True)
         metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after["pretrain_loss"])
-        write_json(out_dir / RESULTS_FILE, {
-            "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
-            "mix": cfg.mix, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
-        })
+        if runtime.is_main:
+            write_json(out_dir / RESULTS_FILE, {
+                "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
+                "mix": cfg.mix, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
+            })
         progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
                        + f" ({result.train_seconds:.0f} s)")
     metrics.close()

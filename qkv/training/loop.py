@@ -1,27 +1,46 @@
-"""What every training recipe shares: its ``train:`` knobs, named once, and the start of a run.
+"""The pieces every training recipe is made of, written once: its ``train:`` knobs, the start of a run, one
+optimizer step, the cadence of evaluations and checkpoints, resume and export.
 
 Translation (:mod:`qkv.training.train_mt`), GPT pretraining (:mod:`qkv.training.train_lm`) and
-fine-tuning (:mod:`qkv.training.finetune`) each read a recipe of the same shape (``model:``, ``data:``,
-``train:``), and their ``train:`` sections extend :class:`LoopConfig`, so a knob has one name and one
-meaning in every job: ``steps``, ``warmup``, ``accumulate``, ``clip_norm``, ``eval_every``,
-``log_every``, ``seed``, ``device``, ``dtype``, ``threads``, ``max_minutes``. A job changes a default
-only where its recipe differs (a GPT warms up for 100 steps, the paper's Transformer for 4,000).
+fine-tuning (:mod:`qkv.training.finetune`) are each one function that reads top to bottom, built from
+these, so they agree by construction:
 
-:func:`start` is the first thing every trainer does: threads, seeds, the device and the precision,
-from the same knobs, with the same errors.
+- :class:`LoopConfig`: the ``train:`` knobs every recipe has, with one name and one meaning in every
+  job (``steps``, ``warmup``, ``accumulate``, ``clip_norm``, ``eval_every``, ``log_every``, ``seed``,
+  ``device``, ``dtype``, ``threads``, ``max_minutes``). A job changes a default only where its recipe
+  differs (a GPT warms up for 100 steps, the paper's Transformer for 4,000).
+- :func:`start`: threads, seeds, the device and the precision, into a :class:`Runtime`. The runtime
+  also says which process of a group this is (one process: rank 0 of 1): data-parallel training
+  passes a process group there instead of rewriting the trainers.
+- :func:`optimizer_step`: the one update of every recipe. Before it touches the weights it checks
+  that the loss and the gradient norm are finite, at every step: a NaN never reaches the weights, so
+  it never reaches a checkpoint.
+- :class:`Cadence`: when a step logs, evaluates and checkpoints, and when the run ends (the step
+  budget, or the time budget).
+- :func:`save_state` / :func:`resume_state`: the ``last`` checkpoint (weights, optimizer, RNGs, the
+  :class:`LoopState` and each data stream's position), so a resumed run continues exactly.
+- :func:`export`: the weights a run is used with (``model.safetensors``), refused if not finite.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
-from typing import NamedTuple
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
+from torch import nn
 
 from qkv.config import ConfigError
 from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, resolve_device
+from qkv.runs import LAST, MODEL_WEIGHTS_NAME
+from qkv.training.checkpoint import load_checkpoint, save_checkpoint
+from qkv.training.logging import NonFiniteLossError, check_finite
+from qkv.weights import save_weights
 
 
 @dataclass(frozen=True)
@@ -69,14 +88,25 @@ class LoopConfig:
             raise ConfigError(f"train.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
 
 
-class Start(NamedTuple):
-    """Where a run computes: its device, and the autocast dtype there (None: fp32)."""
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a run computes: its device, its autocast dtype (None: fp32), and its place in a group.
+
+    One process is rank 0 of 1. Only the main process writes the run directory (metrics, checkpoints,
+    exports, plots); every process reads the same checkpoint on resume.
+    """
 
     device: torch.device
-    amp: torch.dtype | None
+    amp: torch.dtype | None = None
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
 
-def start(cfg: LoopConfig) -> Start:
+def start(cfg: LoopConfig) -> Runtime:
     """Set the threads and seed every generator (torch, Python, NumPy) from ``cfg``; resolve device and precision.
 
     Raises:
@@ -90,7 +120,175 @@ def start(cfg: LoopConfig) -> Start:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    return Start(device, amp)
+    return Runtime(device, amp)
 
 
-__all__ = ["LoopConfig", "Start", "start"]
+# ----------------------------------------------------------------------------------------------
+# One update
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float, step: int, clip_norm: float,
+                   parameters: Iterable[nn.Parameter]) -> float:
+    """Clip and apply the gradients accumulated for ``step``, after checking that they are finite.
+
+    Args:
+        optimizer: Its learning rate already set for this step.
+        loss: The step's loss (its mean over the accumulated batches), for the finite check and the log.
+        step: The step number, for the error message.
+        clip_norm: Clip the global gradient norm to this (0: no clipping; the norm is still checked).
+        parameters: The parameters that train (their gradients are clipped and checked).
+
+    Returns:
+        The loss as a float.
+
+    Raises:
+        NonFiniteLossError: a NaN or infinite loss or gradient; the weights are left as they were.
+    """
+    value = check_finite(loss, step)  # before the update: never step on a NaN
+    params = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else math.inf)
+    if not torch.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLossError(
+            f"the gradient norm is {float(norm)} at step {step} (the loss, {value:.4g}, is finite): training "
+            "stopped before updating on it. Lower the learning rate or lengthen warmup, then resume from the "
+            "last checkpoint.")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Cadence
+
+
+@dataclass
+class LoopState:
+    """What a loop counts, saved in every checkpoint: the step done, training time, the best score so far.
+
+    ``best`` is lower-is-better (a loss; a BLEU is stored negated); ``bad_evals`` counts the evaluations
+    since it last improved (early stopping).
+    """
+
+    step: int = 0
+    seconds: float = 0.0
+    best: float = math.inf
+    bad_evals: int = 0
+
+    def improve(self, score: float) -> bool:
+        """Record an evaluation's ``score``; True if it is the best so far (a non-finite one never is)."""
+        if math.isfinite(score) and score < self.best:
+            self.best, self.bad_evals = score, 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))
+
+
+class Cadence:
+    """When each step logs, evaluates and checkpoints, and when the run stops.
+
+    The run ends at ``cfg.steps``, or at the first step that ends past ``cfg.max_minutes`` of
+    training time; either way the last step evaluates and checkpoints, so an export always follows a
+    checked, saved step.
+    """
+
+    def __init__(self, cfg: LoopConfig, state: LoopState) -> None:
+        self.cfg, self.state = cfg, state
+        self._budget = None if cfg.max_minutes is None else cfg.max_minutes * 60
+        self._t0 = None
+
+    def running(self, stop_at: int | None = None) -> bool:
+        """Whether another step is due (``stop_at``: stop after that step, as if interrupted)."""
+        interrupted = stop_at is not None and self.state.step >= stop_at
+        return self.state.step < self.cfg.steps and not self.out_of_time and not interrupted
+
+    def begin_step(self) -> int:
+        """Start the next step; returns its number."""
+        self._t0 = time.perf_counter()
+        self.state.step += 1
+        return self.state.step
+
+    def end_step(self) -> None:
+        """Add the step's time to the training time."""
+        self.state.seconds += time.perf_counter() - self._t0
+
+    @property
+    def out_of_time(self) -> bool:
+        return self._budget is not None and self.state.seconds >= self._budget
+
+    @property
+    def last(self) -> bool:
+        """The step just done is the run's last (its step budget or time budget is spent)."""
+        return self.state.step >= self.cfg.steps or self.out_of_time
+
+    @property
+    def log_due(self) -> bool:
+        return self.state.step % self.cfg.log_every == 0 or self.last
+
+    @property
+    def eval_due(self) -> bool:
+        return self.state.step % self.cfg.eval_every == 0 or self.last
+
+    @property
+    def stop_reason(self) -> str:
+        return "max_minutes" if self.out_of_time and self.state.step < self.cfg.steps else "max_steps"
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints and export
+
+
+def _check_weights_finite(model: nn.Module, what: str) -> None:
+    for name, p in model.state_dict().items():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise NonFiniteLossError(f"{name} holds NaN or infinite values: the {what} was not written "
+                                     "(the files on disk are the last good ones)")
+
+
+def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
+               runtime: Runtime, extra: Mapping[str, Any] | None = None, **streams: Any) -> None:
+    """Write the ``last`` checkpoint: weights, optimizer, RNGs, ``state``, each data stream's ``state_dict()``
+    and the recipe's own ``extra`` values (numbers, strings, tensors).
+
+    Only the main process writes; weights that are not finite are never written.
+    """
+    if not runtime.is_main:
+        return
+    _check_weights_finite(model, "checkpoint")
+    save_checkpoint(run_dir, LAST, model, optimizer, {
+        **(extra or {}), "loop": state.state_dict(), **{name: stream.state_dict() for name, stream in streams.items()},
+    })
+
+
+def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
+                 **streams: Any) -> dict[str, Any]:
+    """Load the ``last`` checkpoint into ``model``, ``optimizer``, ``state`` and each stream; return the whole
+    saved state (for what a recipe kept of its own)."""
+    saved = load_checkpoint(run_dir, LAST, model, optimizer)
+    if "loop" not in saved:  # a checkpoint written before the trainers shared this loop
+        best = saved.get("best_valid", saved.get("best"))
+        saved["loop"] = {"step": saved["step"], "seconds": saved.get("elapsed", saved.get("train_seconds", 0.0)),
+                         "best": math.inf if best is None else best, "bad_evals": saved.get("bad_evals", 0)}
+    state.load_state_dict(saved["loop"])
+    for name, stream in streams.items():
+        stream.load_state_dict(saved[name])
+    return saved
+
+
+def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: Any) -> Path | None:
+    """Write ``model.safetensors``, the weights the run is used with; refused if they are not finite."""
+    if not runtime.is_main:
+        return None
+    _check_weights_finite(model, "export")
+    return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
+
+
+__all__ = ["LoopConfig", "Runtime", "start", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
+           "export"]

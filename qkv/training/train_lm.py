@@ -32,17 +32,16 @@ from qkv.data.lm import TOKENS_FILE, LMData, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import autocast, read_text_file
 from qkv.models.gpt import GPT
-from qkv.runs import CONFIG_FILE, CURVES_FILE, LAST, Run
+from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
-from qkv.training.checkpoint import load_checkpoint, save_checkpoint
-from qkv.training.lm_run import BEST_WEIGHTS, MODEL_WEIGHTS, LMDataConfig, LMRecipe
-from qkv.weights import load_weights, save_weights
-from qkv.training.loop import start
-from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.training.lm_run import LMDataConfig, LMRecipe
+from qkv.training.logging import MetricsLogger, Progress
+from qkv.training.loop import Cadence, LoopState, export, optimizer_step, resume_state, save_state, start
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
+from qkv.weights import load_weights, save_weights
 
 # ----------------------------------------------------------------------------------------------
 # Recipes: YAML sections merged onto the defaults, so a file states only what it changes.
@@ -111,7 +110,7 @@ class TrainResult:
         losses: Train loss of every step this call ran (all micro-batches averaged), in order.
         valid_loss: The last validation estimate (None if none was made).
         best_valid: The best validation estimate of the run.
-        train_seconds: Wall time of the whole run so far (resumed runs add up), evaluations included.
+        train_seconds: Training time of the run so far, its optimizer steps (resumed runs add up).
         final: Full-pass validation ``{"loss", "ppl", "tokens"}`` at the end (None if stopped early).
     """
 
@@ -154,7 +153,8 @@ def train_lm(
     """
     run_dir = Path(run_dir)
     tc = recipe.train
-    device, amp = start(tc)
+    runtime = start(tc)
+    device, amp = runtime.device, runtime.amp
     context = recipe.context
     if tc.decay_end <= tc.warmup:
         raise ConfigError(f"train: the cosine decay must end after warmup (train.decay_steps or train.steps "
@@ -185,26 +185,24 @@ def train_lm(
     if init_from:
         load_weights(Run(init_from).weights_path(), model)
     optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
-    step, best, elapsed_before = 0, math.inf, 0.0
+    state = LoopState()
     if resume:
-        state = load_checkpoint(run_dir, LAST, model, optimizer)
-        step, best, elapsed_before = int(state["step"]), float(state["best_valid"]), float(state["elapsed"])
-        data.load_state_dict(state["data"])
+        resume_state(run_dir, model, optimizer, state, data=data)
     forward = torch.compile(model) if tc.compile else model
 
-    metrics = MetricsLogger(run_dir)
-    budget = tc.max_minutes * 60 if tc.max_minutes is not None else None
-    progress = Progress(total=tc.steps, desc="train lm", log_every=tc.eval_every, start_step=step,
-                        seconds_left=None if budget is None else budget - elapsed_before,
-                        stream=stream, enabled=not quiet)
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
+    cadence = Cadence(tc, state)
+    progress = Progress(total=tc.steps, desc="train lm", log_every=tc.eval_every, start_step=state.step,
+                        seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - state.seconds,
+                        stream=stream, enabled=not quiet and runtime.is_main)
     if not quiet:
         n_params = sum(p.numel() for p in model.parameters())
         progress.write(f"run {run_dir}: {n_params / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
                        f"{len(data.train):,} train / {len(data.valid):,} valid tokens, context {context}, "
-                       f"device {device}{' bf16' if amp else ' fp32'}" + (f", resuming at step {step}" if resume else ""))
-    result = TrainResult(run_dir, step, best_valid=best)
+                       f"device {device}{' bf16' if amp else ' fp32'}"
+                       + (f", resuming at step {state.step}" if resume else ""))
+    result = TrainResult(run_dir, state.step, best_valid=state.best)
     tokens_per_step = tc.batch_size * context * tc.accumulate
-    t0 = time.perf_counter()
 
     def evaluate() -> dict[str, float]:
         # Fixed seeds: every evaluation scores the same windows, so the curve is not sampling noise.
@@ -212,21 +210,14 @@ def train_lm(
                                      seed=1000 + i, autocast_dtype=amp)
                 for i, split in enumerate(("train", "valid"))}
 
-    def checkpoint() -> None:
-        save_checkpoint(run_dir, LAST, model, optimizer, {
-            "step": step, "best_valid": best, "elapsed": elapsed_before + time.perf_counter() - t0,
-            "data": data.state_dict(),
-        })
-
     model.train()
-    out_of_time = False
     try:
-        while step < tc.steps and not out_of_time and (stop_at is None or step < stop_at):
-            step += 1
+        while cadence.running(stop_at):
+            step = cadence.begin_step()
             lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_end)
             set_lr(optimizer, lr)
 
-            # Forward and backward over grad_accum micro-batches; the loss is their mean.
+            # Forward and backward over `accumulate` micro-batches; the loss is their mean.
             loss_sum = torch.zeros((), device=device)
             for _ in range(tc.accumulate):
                 x, y = data.get_batch("train", tc.batch_size, context)  # (B, T) each
@@ -236,42 +227,35 @@ def train_lm(
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
                 loss.backward()
                 loss_sum += loss.detach()
-            loss_value = check_finite(loss_sum, step)  # before the update: never step on a NaN
-            if tc.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss_value = optimizer_step(optimizer, loss_sum, step, tc.clip_norm, model.parameters())
+            cadence.end_step()
             result.losses.append(loss_value)
 
-            if step % tc.log_every == 0:
+            if cadence.log_due:
                 metrics.log(step, "train", loss=loss_value, lr=lr)
             progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
 
-            out_of_time = budget is not None and elapsed_before + time.perf_counter() - t0 >= budget
-            last = step == tc.steps or out_of_time
-            if step % tc.eval_every == 0 or last:
+            if cadence.eval_due:
                 losses = evaluate()
                 result.valid_loss = losses["valid"]
                 metrics.log(step, "valid", loss=losses["valid"], train_estimate=losses["train"])
                 progress.write(f"step {step}: train loss {losses['train']:.4f}, valid loss {losses['valid']:.4f}")
-                if losses["valid"] < best:
-                    best = losses["valid"]
-                    save_weights(run_dir / BEST_WEIGHTS, model, metadata={"step": str(step), "valid_loss": f"{best:.6f}"})
-                checkpoint()
-            elif tc.checkpoint_every and step % tc.checkpoint_every == 0:
-                checkpoint()
-            elif stop_at is not None and step == stop_at:
-                checkpoint()
+                if state.improve(losses["valid"]) and runtime.is_main:
+                    save_weights(run_dir / BEST_WEIGHTS_NAME, model,
+                                 metadata={"step": str(step), "valid_loss": f"{state.best:.6f}"})
+                save_state(run_dir, model, optimizer, state, runtime, data=data)
+            elif (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == stop_at:
+                save_state(run_dir, model, optimizer, state, runtime, data=data)
     finally:
         progress.close()
-        result.step, result.best_valid = step, best
-        result.train_seconds = elapsed_before + time.perf_counter() - t0
+        result.step, result.best_valid, result.train_seconds = state.step, state.best, state.seconds
 
-    if step == tc.steps or out_of_time:
+    step = state.step
+    if cadence.last:
         # The export: the best weights (or the last), and a full pass over the validation split.
-        if tc.keep_best and (run_dir / BEST_WEIGHTS).is_file():
-            load_weights(run_dir / BEST_WEIGHTS, model)
-        save_weights(run_dir / MODEL_WEIGHTS, model, metadata={"step": str(step)})
+        if tc.keep_best and (run_dir / BEST_WEIGHTS_NAME).is_file():
+            load_weights(run_dir / BEST_WEIGHTS_NAME, model)
+        export(run_dir, model, runtime, step=step)
         result.final = evaluate_tokens(model, data.valid, context, batch_size=tc.batch_size, autocast_dtype=amp)
         metrics.log(step, "valid_full", loss=result.final["loss"], ppl=result.final["ppl"],
                     train_seconds=result.train_seconds)

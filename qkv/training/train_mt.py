@@ -11,7 +11,8 @@ accumulation, periodic validation (loss, and BLEU on a sample), best and last ch
 average of the last K checkpoints (6.1: "averaging the last 5 checkpoints"), early stopping, and an
 exact resume.
 
-Everything a run produces is in its directory (:mod:`qkv.runs`): ``config.json`` (the resolved config), ``tokenizer.json``,
+Everything a run produces is in its directory (:mod:`qkv.runs`): ``config.json`` (the resolved recipe),
+``tokenizer.json``,
 ``model.safetensors`` (the weights to use), ``last.*`` (the full trainer state), ``best.safetensors``,
 ``step_N.safetensors`` (the last K, for averaging), ``metrics.jsonl``, ``curves.png`` and
 ``results.json`` (test scores).
@@ -29,19 +30,22 @@ from typing import Any, Sequence
 
 import torch
 
-from qkv.config import ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, apply_overrides, load_json, load_recipe, save_json
+from qkv.config import (
+    ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, apply_overrides, load_json, load_recipe, save_json,
+)
 from qkv.data.batching import BatchStream, eval_batches
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
 from qkv.generation.api import Translator
 from qkv.io import autocast, write_json
 from qkv.models.transformer import Transformer
-from qkv.runs import CONFIG_FILE, CURVES_FILE, LAST, METRICS_FILE, RESULTS_FILE, Run
+from qkv.runs import (
+    BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
+)
 from qkv.tokenizers import load_tokenizer
-from qkv.training.checkpoint import load_checkpoint, save_checkpoint
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
-from qkv.training.loop import LoopConfig, start
-from qkv.training.logging import MetricsLogger, Progress, check_finite
+from qkv.training.logging import MetricsLogger, Progress
+from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
 from qkv.training.plots import plot_curves
@@ -103,7 +107,8 @@ class MTTrainConfig(LoopConfig):
 
 @dataclass(frozen=True)
 class MTRecipe:
-    """Everything a translation run needs: the ``model:``, ``data:`` and ``train:`` sections of ``qkv/recipes/mt/*.yaml``.
+    """Everything a translation run needs: the ``model:``, ``data:`` and ``train:`` sections of a recipe
+    (``qkv/recipes/mt/*.yaml``).
 
     ``model.vocab_size`` and ``model.pad_id`` come from the tokenizer when a run starts.
     """
@@ -170,7 +175,8 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     """
     run_dir = Path(run_dir)
     tc = cfg.train
-    device, amp = start(tc)
+    runtime = start(tc)
+    device, amp = runtime.device, runtime.amp
     Run(run_dir).prepare(resume, overwrite)
     log = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
 
@@ -209,19 +215,18 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}")
 
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
-    step, best, bad_evals, train_seconds = 0, None, 0, 0.0
+    state = LoopState()
     if resume:
-        state = load_checkpoint(run_dir, LAST, model, optimizer)
-        step, bad_evals, train_seconds = int(state["step"]), int(state["bad_evals"]), float(state["train_seconds"])
-        best = state["best"]
-        stream.load_state_dict(state["data"])
-        log(f"resumed from {run_dir / 'last.safetensors'} at step {step}")
+        resume_state(run_dir, model, optimizer, state, data=stream)
+        log(f"resumed from {run_dir / 'last.safetensors'} at step {state.step}")
 
-    metrics = MetricsLogger(run_dir)
-    progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=step, enabled=not quiet,
-                        seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - train_seconds)
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
+    cadence = Cadence(tc, state)
+    progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=state.step,
+                        enabled=not quiet and runtime.is_main,
+                        seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - state.seconds)
     model.train()
-    stop_reason = "max_steps"
+    stop_reason = None
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
     def evaluate(step: int) -> dict[str, Any]:
@@ -234,9 +239,8 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         return values
 
     # 4. The training loop.
-    while step < tc.steps:
-        t_step = time.perf_counter()
-        step += 1
+    while cadence.running():
+        step = cadence.begin_step()
         lr = learning_rate(cfg, step)
         set_lr(optimizer, lr)
         # Gradient accumulation: the update is the mean over all target tokens of the `accumulate`
@@ -256,76 +260,67 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
             (out.loss * weight).backward()
             step_loss = step_loss + out.loss.detach() * weight
             step_nll = step_nll + out.nll * weight
-        if tc.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        train_seconds += time.perf_counter() - t_step
+        loss_value = optimizer_step(optimizer, step_loss, step, tc.clip_norm, model.parameters())
+        cadence.end_step()
 
         n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
-        window["loss"] += float(step_loss)
+        window["loss"] += loss_value
         window["nll"] += float(step_nll)
         window["tokens"] += n_tok
         window["steps"] += 1
         window["padding"] += sum(b.padding_fraction for b in batches) / len(batches)
-        progress.update(step, loss=step_loss, lr=lr, tokens=n_tok)
-        if step % tc.log_every == 0 or step == tc.steps:
+        progress.update(step, loss=loss_value, lr=lr, tokens=n_tok)
+        if cadence.log_due:
             k = window["steps"]
-            check_finite(window["loss"] / k, step)
             elapsed = time.perf_counter() - window["t0"]
             metrics.log(step, "train", loss=window["loss"] / k, nll=window["nll"] / k, lr=lr,
                         tokens_per_s=window["tokens"] / max(elapsed, 1e-9), padding=window["padding"] / k,
                         epoch=stream.epoch)
             window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
-        out_of_time = tc.max_minutes is not None and train_seconds >= tc.max_minutes * 60
-        if step % tc.eval_every == 0 or step == tc.steps or out_of_time:
+        if cadence.eval_due:
             values = evaluate(step)
-            current = values["nll"] if tc.best_metric == "loss" else -values["bleu"]
-            improved = best is None or current < best
-            best, bad_evals = (current, 0) if improved else (best, bad_evals + 1)
-            if improved:
-                save_weights(run_dir / "best.safetensors", model, metadata={"step": str(step)})
-            save_weights(run_dir / f"step_{step:07d}.safetensors", model)
-            for old in sorted(run_dir.glob("step_*.safetensors"))[: -max(tc.keep_checkpoints, 1)]:
-                old.unlink()
-            save_checkpoint(run_dir, LAST, model, optimizer, {
-                "step": step, "best": best, "bad_evals": bad_evals, "train_seconds": train_seconds,
-                "data": stream.state_dict(),
-            })
+            improved = state.improve(values["nll"] if tc.best_metric == "loss" else -values["bleu"])
+            if runtime.is_main:
+                if improved:
+                    save_weights(run_dir / BEST_WEIGHTS_NAME, model, metadata={"step": str(step)})
+                save_weights(run_dir / f"{STEP_PREFIX}{step:07d}.safetensors", model)
+                for old in Run(run_dir).checkpoint_names()[: -max(tc.keep_checkpoints, 1)]:
+                    old.unlink()
+            save_state(run_dir, model, optimizer, state, runtime, data=stream)
             bleu = f", BLEU {values['bleu']:.1f}" if "bleu" in values else ""
             progress.write(f"step {step}: valid loss {values['loss']:.3f}, ppl {values['ppl']:.2f}{bleu}"
-                           + ("" if improved else f" (no improvement {bad_evals}/{tc.patience or '-'})"))
-            if tc.patience and bad_evals >= tc.patience:
+                           + ("" if improved else f" (no improvement {state.bad_evals}/{tc.patience or '-'})"))
+            if tc.patience and state.bad_evals >= tc.patience:
                 stop_reason = "early_stop"
                 break
-            if out_of_time:
-                stop_reason = "max_minutes"
-                break
     progress.close()
+    step, train_seconds = state.step, state.seconds
+    stop_reason = stop_reason or cadence.stop_reason
 
     # 5. The final weights: the average of the last K checkpoints (Section 6.1), the best, or the
     #    last, whichever has the lowest validation NLL.
     last_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     candidates = {"last": lambda: load_state_dict_into(model, last_state, source="last")}
-    steps_saved = sorted(run_dir.glob("step_*.safetensors"))[-tc.average_last:] if tc.average_last > 1 else []
+    steps_saved = Run(run_dir).checkpoint_names()[-tc.average_last:] if tc.average_last > 1 else []
     if len(steps_saved) > 1:
         averaged = average_checkpoints(steps_saved)
         candidates["average"] = lambda: load_state_dict_into(model, averaged, source="average")
-    if (run_dir / "best.safetensors").is_file():
-        candidates["best"] = lambda: load_weights(run_dir / "best.safetensors", model)
+    if (run_dir / BEST_WEIGHTS_NAME).is_file():
+        candidates["best"] = lambda: load_weights(run_dir / BEST_WEIGHTS_NAME, model)
     chosen, chosen_nll = "last", math.inf
     for name, load in candidates.items():
         load()
-        if name == "average":  # kept, so that `qkv eval mt --weights average` can score it next to the others
-            save_weights(run_dir / "average.safetensors", model, metadata={"step": str(step), "averaged": str(len(steps_saved))})
+        if name == "average" and runtime.is_main:  # kept: `--weights average` scores it beside the others
+            save_weights(run_dir / "average.safetensors", model,
+                         metadata={"step": str(step), "averaged": str(len(steps_saved))})
         nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:
             chosen, chosen_nll = name, nll
     candidates[chosen]()
-    save_weights(run_dir / "model.safetensors", model, metadata={"step": str(step), "from": chosen})
-    log(f"final weights: {chosen} (validation NLL {chosen_nll:.3f}) -> {run_dir / 'model.safetensors'}")
+    export(run_dir, model, runtime, step=step, chosen=chosen)
+    log(f"final weights: {chosen} (validation NLL {chosen_nll:.3f}) -> {run_dir / MODEL_WEIGHTS_NAME}")
 
     # 6. Test: the paper's decoding (beam 4, alpha 0.6) on the held-out test split.
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": step, "stop": stop_reason, "final": chosen,
@@ -366,4 +361,5 @@ def load_train_config(recipe: str | Path | None, overrides: Sequence[str] = (), 
     return load_recipe(MTRecipe, "mt", recipe, list(overrides))
 
 
-__all__ = ["MTRecipe", "MTTrainConfig", "train", "load_train_config", "learning_rate", "validation_loss", "translate_and_score"]
+__all__ = ["MTRecipe", "MTTrainConfig", "train", "load_train_config", "learning_rate", "validation_loss",
+           "translate_and_score"]

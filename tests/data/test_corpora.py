@@ -10,14 +10,21 @@ import pytest
 
 from qkv.data import corpora as C
 
-SHARED = C.checkout_data_root()
+def _data_root():
+    """The folder that holds the real corpora, looked up as qkv looks them up: $QKV_DATA first, then
+    ../shared/data beside the checkout, then the user cache (the README sits beside the corpora)."""
+    found = C.locate_corpus("multi30k")
+    return found.parent if found is not None else C.checkout_data_root()
+
+
+SHARED = _data_root()
 README = SHARED / "README.md"
 
 
 # -- the registry --------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not README.is_file(), reason="shared/data/README.md not beside the checkout")
+@pytest.mark.skipif(not README.is_file(), reason="the data README is not in $QKV_DATA nor beside the checkout")
 def test_registry_matches_the_data_readme():
     rows = re.findall(r"^\| `([^`]+)` \| (\d+) \| (\d+) \| `([0-9a-f]{64})` \|$", README.read_text(), re.M)
     assert len(rows) == 24
@@ -86,9 +93,9 @@ def test_incomplete_directory_is_skipped_and_the_error_lists_every_place(isolate
     assert C.find_corpus("tiny", isolated / "explicit") == full
 
 
-@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="shared data not beside the checkout")
-def test_shared_data_beside_the_checkout_is_found(monkeypatch):
-    monkeypatch.delenv(C.ENV_VAR, raising=False)
+@pytest.mark.skipif(not (SHARED / "multi30k").is_dir(), reason="no shared data in $QKV_DATA nor beside the checkout")
+def test_shared_data_is_found(monkeypatch):
+    monkeypatch.setenv(C.ENV_VAR, str(SHARED))  # wherever it was found, $QKV_DATA pointing there finds it
     assert C.find_corpus("multi30k") == SHARED / "multi30k"
     src, tgt = C.read_parallel("multi30k", "val", "de", "en")
     assert len(src) == len(tgt) == 1014
@@ -203,7 +210,7 @@ def test_fetch_names_the_url_that_failed(isolated, tiny):
         C.fetch("tiny", isolated / "dest", downloader=offline)
 
 
-@pytest.mark.skipif(not (SHARED / "tinyshakespeare").is_dir(), reason="shared data not beside the checkout")
+@pytest.mark.skipif(not (SHARED / "tinyshakespeare").is_dir(), reason="no shared data in $QKV_DATA nor beside the checkout")
 def test_fetch_of_a_real_corpus_from_a_fake_server(isolated, serving):
     """Tiny Shakespeare, served from the shared copy: the registry's sha256 accepts the real bytes."""
     real = (SHARED / "tinyshakespeare" / "input.txt").read_bytes()

@@ -79,7 +79,7 @@ def test_init_from_takes_weights_only_with_a_fresh_optimizer(tmp_path):
     state = torch.load(tmp_path / "child" / "last.pt", weights_only=True)
     steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert steps == {2}  # the optimizer counted only this run's steps
-    assert state["state"]["step"] == 2
+    assert state["state"]["loop"]["step"] == 2
 
 
 def test_resume_and_new_runs_refuse_the_wrong_directory(tmp_path):

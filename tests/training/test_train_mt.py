@@ -197,3 +197,33 @@ def test_weights_file_loads_into_the_configured_model(straight):
     from qkv.models.transformer import Transformer
 
     load_weights(run / "model.safetensors", Transformer(cfg.model))
+
+
+def test_a_nan_at_a_checkpoint_step_never_reaches_the_disk(tmp_path, monkeypatch):
+    """Loss NaN at step 4, a checkpoint step, with log_every (3) not dividing eval_every (2): the run stops
+    before the update, and every file on disk holds the finite weights of step 2."""
+    from safetensors.torch import load_file
+
+    import qkv.training.train_mt as mt
+    from qkv.models.transformer import Transformer
+    from qkv.training.checkpoint import load_checkpoint
+    from qkv.training.logging import NonFiniteLossError
+
+    real, steps = mt.label_smoothed_nll, []
+
+    def poisoned(logits, *args, **kw):
+        out = real(logits, *args, **kw)
+        if logits.requires_grad:  # a training batch, not a validation one
+            steps.append(1)
+            if len(steps) == 4:
+                return out._replace(loss=out.loss * float("nan"))
+        return out
+
+    monkeypatch.setattr(mt, "label_smoothed_nll", poisoned)
+    cfg = tweak(TINY, steps=6, eval_every=2, log_every=3, eval_bleu_sentences=0, test_beam=1)
+    with pytest.raises(NonFiniteLossError, match="step 4"):
+        train(cfg, tmp_path, quiet=True)
+    for name in ("last.safetensors", "best.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(tmp_path / name).values()), name
+    model = Transformer(load_train_config(None, run_dir=tmp_path, resume=True).model)
+    assert load_checkpoint(tmp_path, "last", model)["loop"]["step"] == 2

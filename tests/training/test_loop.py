@@ -1,0 +1,108 @@
+"""The pieces every trainer shares (qkv.training.loop): one update, the cadence, checkpoints, export."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from qkv.config import ConfigError
+from qkv.training.logging import NonFiniteLossError
+from qkv.training.loop import Cadence, LoopConfig, LoopState, Runtime, export, optimizer_step, resume_state, save_state
+
+
+def _model_and_optimizer(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _backward(model, scale=1.0):
+    loss = (model(torch.ones(4, 3)) * scale).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def test_optimizer_step_updates_and_clears_the_gradients():
+    model, opt = _model_and_optimizer()
+    before = model.weight.detach().clone()
+    value = optimizer_step(opt, _backward(model), 1, clip_norm=1.0, parameters=model.parameters())
+    assert math.isfinite(value) and not torch.equal(model.weight, before)
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("what", ["loss", "gradient"])
+def test_optimizer_step_never_applies_a_non_finite_update(what):
+    model, opt = _model_and_optimizer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = _backward(model)
+    if what == "loss":
+        loss = loss * float("nan")
+    else:  # a finite loss whose gradient overflowed
+        model.weight.grad[0, 0] = float("inf")
+    with pytest.raises(NonFiniteLossError, match="step 7"):
+        optimizer_step(opt, loss, 7, clip_norm=0.0, parameters=model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_nan_evaluation_is_never_the_best():
+    state = LoopState()
+    assert not state.improve(float("nan")) and state.best == math.inf and state.bad_evals == 1
+    assert state.improve(2.0) and state.bad_evals == 0
+    assert not state.improve(float("nan")) and state.best == 2.0
+
+
+def test_cadence_ends_with_an_evaluation_at_the_step_or_time_budget():
+    cfg = LoopConfig(steps=5, eval_every=2, log_every=3)
+    cadence = Cadence(cfg, LoopState())
+    seen = []
+    while cadence.running():
+        step = cadence.begin_step()
+        cadence.end_step()
+        seen.append((step, cadence.log_due, cadence.eval_due, cadence.last))
+    assert seen == [(1, False, False, False), (2, False, True, False), (3, True, False, False),
+                    (4, False, True, False), (5, True, True, True)]
+    assert cadence.stop_reason == "max_steps"
+    timed = Cadence(LoopConfig(steps=100, max_minutes=1e-9), LoopState())
+    timed.begin_step()
+    timed.end_step()
+    assert timed.last and timed.eval_due and not timed.running() and timed.stop_reason == "max_minutes"
+
+
+def test_loop_config_checks_its_knobs():
+    for bad in ({"steps": 0}, {"accumulate": 0}, {"warmup": -1}, {"max_minutes": 0}, {"dtype": "fp16"}):
+        with pytest.raises(ConfigError):
+            LoopConfig(**bad)
+
+
+def test_checkpoints_resume_and_refuse_non_finite_weights(tmp_path):
+    runtime = Runtime(torch.device("cpu"))
+    model, opt = _model_and_optimizer()
+    optimizer_step(opt, _backward(model), 1, 1.0, model.parameters())
+    state = LoopState(step=1, seconds=2.5, best=0.5)
+    save_state(tmp_path, model, opt, state, runtime, extra={"note": "kept"})
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="weight"):
+        save_state(tmp_path, model, opt, LoopState(step=2), runtime)
+    with pytest.raises(NonFiniteLossError, match="export"):
+        export(tmp_path, model, runtime)
+    assert not (tmp_path / "model.safetensors").exists()
+
+    fresh, fresh_opt = _model_and_optimizer(seed=1)
+    resumed = LoopState()
+    extra = resume_state(tmp_path, fresh, fresh_opt, resumed)
+    assert resumed == state and extra["note"] == "kept"  # the last good checkpoint, whole
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+
+
+def test_only_the_main_process_writes(tmp_path):
+    model, opt = _model_and_optimizer()
+    other = Runtime(torch.device("cpu"), rank=1, world_size=2)
+    save_state(tmp_path, model, opt, LoopState(step=1), other)
+    assert export(tmp_path, model, other) is None
+    assert list(tmp_path.iterdir()) == []
