@@ -55,9 +55,9 @@ def linear_backend_for(impl: str) -> str:
     oneDNN: run beside ``qkv``, it shows how much of a lead comes from the kernel.
     """
     if impl == "qkv-aten":
-        from qkv.modules import linear
+        from qkv.generation import kernels
 
-        linear.set_backend("aten")
+        kernels.set_backend("aten")
         return "qkv"
     return impl
 

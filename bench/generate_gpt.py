@@ -62,11 +62,11 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             assert out.shape[1] == PROMPT + NEW
     elif impl == "floor":
         from qkv import GPT, preset
-        from qkv.modules.linear import pack_linears
+        from qkv.generation.kernels import pack_weights, step_linears
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
-        layers = list(model.stepwise_linears())  # what setup_cache packs
-        pack_linears(layers, batch)
+        layers = step_linears(model)  # what decoding packs
+        pack_weights(model, batch)
         inputs = [torch.randn(batch, m.in_features) for m in layers]
 
         def run():

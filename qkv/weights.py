@@ -80,6 +80,9 @@ def load_state_dict_into(
         CheckpointError: Listing every missing key, unexpected key and shape mismatch.
     """
     model = unwrap_model(model)
+    upgrade = getattr(model, "upgrade_state_dict", None)
+    if upgrade is not None:  # the names of an earlier qkv, as this model's parameters have them today
+        state_dict = upgrade(state_dict)
     own = model.state_dict()
     missing, mismatched = [], []
     for group in _aliases(own):

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from qkv.config import ALPHA, BEAM, EXTRA
+from qkv.generation.kernels import end_decoding, start_decoding
 from qkv.modules.masks import padding_mask
 
 
@@ -201,7 +202,7 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
     tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (N, t + 1)
     try:
         if use_cache:
-            model.setup_cache(b, steps + 1)
+            start_decoding(model, b, steps + 1)
         for t in range(steps + 1):  # t tokens generated so far
             if use_cache:
                 logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N, V)
@@ -224,7 +225,7 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
     finally:
         if use_cache:
-            model.clear_cache()
+            end_decoding(model)
         model.train(was_training)
     return out
 
@@ -273,7 +274,7 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     try:
         if use_cache:
-            model.setup_cache(b * k, steps + 1)
+            start_decoding(model, b * k, steps + 1)
             # The first step decodes one row per sentence (see below).
             model.reorder_cache(torch.arange(b, device=device))
         for t in range(steps + 1):  # t tokens generated so far
@@ -331,7 +332,7 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
                 model.reorder_cache(rows // k if t == 0 else rows, sources=keep if keep.shape[0] < n else None)
     finally:
         if use_cache:
-            model.clear_cache()
+            end_decoding(model)
         model.train(was_training)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
 

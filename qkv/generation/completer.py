@@ -22,6 +22,7 @@ import torch
 
 from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.decode import generate
+from qkv.generation.kernels import end_decoding, start_decoding
 from qkv.generation.sampling import check_sampling_args, next_token
 from qkv.io import DEVICE_DEFAULT, model_device
 from qkv.runs import Run, load_model, require_arch
@@ -130,8 +131,9 @@ class Completer:
             stream.flush()
         if max_new_tokens == 0:
             return ""
+        step: CompiledStep | None = None
         try:
-            model.setup_cache(1, ctx, pack=not self.compile)
+            start_decoding(model, 1, ctx, packed=not self.compile)  # compiled steps use no packing
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
             prompt = torch.ones(1, cached, dtype=torch.bool, device=self.device)  # (1, T): no padding
@@ -164,11 +166,15 @@ class Completer:
                 else:
                     # The window is full: drop the cache and recompute the last ctx tokens each step.
                     model.clear_cache()
+                    if step is not None:
+                        step.close()
                     step = None
                     window = (ids + out)[-ctx:]
                     logits = model(torch.tensor([window], device=self.device))[:, -1]
         finally:
-            model.clear_cache()
+            if step is not None:
+                step.close()
+            end_decoding(model)
         if stream is not None and len(text) > emitted:
             stream.write(text[emitted:])
             stream.flush()

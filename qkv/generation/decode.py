@@ -8,12 +8,14 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from qkv.generation.compiled import CompiledStep, check_can_compile
+from qkv.generation.kernels import decoding
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -89,41 +91,43 @@ def generate(
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
     done = torch.zeros(b, dtype=torch.bool, device=device)
     steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
+    compiled: CompiledStep | None = None
     try:
-        if use_cache:
-            model.setup_cache(b, total, pack=not compiled_steps)  # compiled steps use no packing
-        seq, step_in, step_pos = ids, ids, positions
-        compiled: CompiledStep | None = None
-        for i in range(max_new_tokens):
-            mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-            if compiled is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
-                logits = compiled(step_in, step_pos, t + i - 1)
-            elif use_cache:  # prefill the prompt once, then feed one position per step
-                logits = model(step_in, mask=mask, positions=step_pos if padded else None)
-            else:  # recompute the whole prefix (slow; the reference the cache is tested against)
-                all_pos = torch.cat([positions, positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)], 1)
-                logits = model(seq, mask=mask, positions=all_pos if padded else None)
-            tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-            if eos_id is not None:
-                tok = tok.masked_fill(done, pad_id)  # finished rows only pad
-            steps.append(tok)
-            if on_step is not None:
-                on_step(tok)
-            if eos_id is not None:
-                done |= tok == eos_id
-                if bool(done.all()):
-                    break
-            if use_cache:
-                step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                if compiled_steps and compiled is None:
-                    compiled = CompiledStep(model, real)
-            else:
-                seq = torch.cat([seq, tok[:, None]], dim=1)
-            if padded:
-                key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
+        # The caches and, for eager steps, the weights packed for b-row products; compiled steps use no
+        # packing. Both go when the block ends, as does the compiled step's transformation of the model.
+        with decoding(model, b, total, packed=not compiled_steps) if use_cache else contextlib.nullcontext():
+            seq, step_in, step_pos = ids, ids, positions
+            for i in range(max_new_tokens):
+                mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
+                if compiled is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
+                    logits = compiled(step_in, step_pos, t + i - 1)
+                elif use_cache:  # prefill the prompt once, then feed one position per step
+                    logits = model(step_in, mask=mask, positions=step_pos if padded else None)
+                else:  # recompute the whole prefix (slow; the reference the cache is tested against)
+                    later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
+                    all_pos = torch.cat([positions, later], 1)
+                    logits = model(seq, mask=mask, positions=all_pos if padded else None)
+                tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+                if eos_id is not None:
+                    tok = tok.masked_fill(done, pad_id)  # finished rows only pad
+                steps.append(tok)
+                if on_step is not None:
+                    on_step(tok)
+                if eos_id is not None:
+                    done |= tok == eos_id
+                    if bool(done.all()):
+                        break
+                if use_cache:
+                    step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
+                    if compiled_steps and compiled is None:
+                        compiled = CompiledStep(model, real)
+                else:
+                    seq = torch.cat([seq, tok[:, None]], dim=1)
+                if padded:
+                    key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     finally:
-        if use_cache:
-            model.clear_cache()
+        if compiled is not None:
+            compiled.close()
         model.train(was_training)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps

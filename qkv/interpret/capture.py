@@ -7,19 +7,47 @@
 While the context is open, every attention module computes its weights on the explicit path and hands
 them here (through ``qkv.modules.attention.attention_observer``); outside it nothing is computed or
 stored, and the fused path runs as usual. Nothing is kept on the modules themselves.
+
+The kind and layer of a map come from where its module sits in the model, by the models' part names:
+``encoder_layers.i.self_attn`` is layer i's encoder self-attention, ``decoder_layers.i.self_attn`` and
+``decoder_layers.i.cross_attn`` the decoder's masked self-attention and its cross-attention, and a
+GPT's ``layers.i.self_attn`` its (masked) self-attention.
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
 from torch import Tensor, nn
 
-from qkv.modules.attention import MultiHeadAttention, attention_observer
+from qkv.modules.attention import Attention, attention_observer
 
 KINDS = ("encoder_self", "decoder_self", "cross", "self")
+_KIND_OF_PART = {("encoder_layers", "self_attn"): "encoder_self", ("decoder_layers", "self_attn"): "decoder_self",
+                 ("decoder_layers", "cross_attn"): "cross", ("layers", "self_attn"): "self"}
+_PART = re.compile(r"(?:^|\.)(encoder_layers|decoder_layers|layers)\.(\d+)\.(self_attn|cross_attn)$")
+
+
+def attention_modules(model: nn.Module) -> dict[int, tuple[str, int]]:
+    """``id(module) -> (kind, layer)`` for every attention module of ``model``, from its place in the model.
+
+    Raises:
+        ValueError: an attention module whose place names no kind (a model built another way).
+    """
+    found = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Attention):
+            continue
+        m = _PART.search(name)
+        if m is None:
+            raise ValueError(f"attention module {name!r} is not at a place capture_attention knows "
+                             "(encoder_layers.i / decoder_layers.i / layers.i, then self_attn or cross_attn)")
+        stack, layer, part = m.groups()
+        found[id(module)] = (_KIND_OF_PART[stack, part], int(layer))
+    return found
 
 
 class AttentionMaps(dict):
@@ -32,23 +60,23 @@ class AttentionMaps(dict):
 
 
 @contextmanager
-def capture_attention(model: nn.Module | None = None, detach: bool = True) -> Iterator[AttentionMaps]:
-    """Record the attention weights of ``model`` (or of every attention module, if None) while open."""
+def capture_attention(model: nn.Module, detach: bool = True) -> Iterator[AttentionMaps]:
+    """Record the attention weights of ``model`` while open."""
     maps = AttentionMaps()
-    owned = None if model is None else {id(m) for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    places = attention_modules(model)
     steps: dict[tuple[str, int], list[Tensor]] = {}
 
-    def observe(module: MultiHeadAttention, weights: Tensor) -> None:
-        if owned is not None and id(module) not in owned:
-            return
-        steps.setdefault((module.kind, module.layer), []).append(weights.detach() if detach else weights)
+    def observe(module: nn.Module, weights: Tensor) -> None:
+        place = places.get(id(module))
+        if place is not None:
+            steps.setdefault(place, []).append(weights.detach() if detach else weights)
 
     token = attention_observer.set(observe)
     try:
         yield maps
     finally:
         attention_observer.reset(token)
-        for (kind, layer), chunks in sorted(steps.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        for (kind, layer), chunks in sorted(steps.items()):
             per_kind = maps.setdefault(kind, [])
             while len(per_kind) <= layer:
                 per_kind.append(None)

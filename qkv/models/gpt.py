@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.kv_cache import CachedDecoding, cache_length
+from qkv.modules import kv_cache
 from qkv.modules.layers import DecoderLayer
-from qkv.modules.linear import Linear
 from qkv.modules.positional import build_positional
 
 
-class GPT(CachedDecoding, nn.Module):
+class GPT(nn.Module):
     """Decoder-only Transformer: masked self-attention blocks without cross-attention.
 
     GPT-2's layout by default (pre-norm, a final LayerNorm, learned positions, tanh-GELU, the output
@@ -29,9 +29,9 @@ class GPT(CachedDecoding, nn.Module):
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.rope = rope
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, cross_attention=False, rope=rope) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention=False, rope=rope) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else nn.Identity()
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
@@ -62,7 +62,7 @@ class GPT(CachedDecoding, nn.Module):
         """
         if idx.dim() != 2:
             raise ValueError(f"GPT expects token ids of shape (B, T), got {tuple(idx.shape)}")
-        offset = cache_length(self)
+        offset = self.layers[0].self_attn.cached
         x = self.token_embedding(idx)  # (B, T, D)
         if self.positional is not None:
             x = x + self.positional(idx.shape[1], offset=offset, positions=positions)
@@ -70,3 +70,26 @@ class GPT(CachedDecoding, nn.Module):
         for layer in self.layers:
             x = layer(x, self_mask=mask, positions=positions)
         return self.lm_head(self.final_norm(x))
+
+    # ------------------------------------------------------------------------------------------
+    # KV cache for decoding: every layer's self-attention appends one position per step.
+
+    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len)."""
+        param = self.token_embedding.weight
+        for layer in self.layers:
+            layer.self_attn.setup_cache(batch_size, max_len or self.cfg.max_len, dtype or param.dtype, param.device)
+
+    def reset_cache(self) -> None:
+        """Forget every cached position (the buffers stay) to decode a new batch of the same size."""
+        for layer in self.layers:
+            layer.self_attn.cache.reset()
+
+    def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
+        """Keep the rows ``indices`` of every cache (``sources``: for the encoder-decoder's signature; unused)."""
+        kv_cache.reorder([layer.self_attn.cache for layer in self.layers], [], indices)
+
+    def clear_cache(self) -> None:
+        """Remove the caches: the model computes every position again (training, scoring)."""
+        for layer in self.layers:
+            layer.self_attn.cache = None

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
-
 import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.kv_cache import CachedDecoding, cache_length
+from qkv.modules import kv_cache
 from qkv.modules.layers import DecoderLayer, EncoderLayer
-from qkv.modules.linear import Linear
 from qkv.modules.masks import padding_mask
-from qkv.modules.packing import Packing, packing_for
+from qkv.modules.packing import UNPACKED, Layout, packing_for
 from qkv.modules.positional import build_positional
 
 
-class Transformer(CachedDecoding, nn.Module):
+class Transformer(nn.Module):
     """Encoder-decoder with one shared vocabulary.
 
     "We share the same weight matrix between the two embedding layers and the pre-softmax linear
@@ -36,12 +33,12 @@ class Transformer(CachedDecoding, nn.Module):
         # "We apply dropout to the sums of the embeddings and the positional encodings in both the
         # encoder and decoder stacks" (Section 5.4).
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, i, rope) for i in range(cfg.n_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, i, True, rope) for i in range(cfg.decoder_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rope) for _ in range(cfg.n_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, True, rope) for _ in range(cfg.decoder_layers))
         final = cfg.use_final_norm
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
-        self.generator = Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
+        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
         self._init_weights()
         if cfg.tie_embeddings:
             self.generator.weight = self.embedding.weight
@@ -80,28 +77,25 @@ class Transformer(CachedDecoding, nn.Module):
         """
         if src_mask is None:
             src_mask = padding_mask(src, self.cfg.pad_id)
-        packing = packing_for(src, self.cfg.pad_id)
-        memory = self._encode(src, src_mask, packing)
-        return packing.unpack(memory) if packing is not None else memory
+        layout = packing_for(src, self.cfg.pad_id)
+        return layout.unpack(self._encode(src, src_mask, layout))  # (B, S, D)
 
-    def _encode(self, src: Tensor, src_mask: Tensor, packing: Packing | None) -> Tensor:
-        """The encoder on the real tokens only when ``packing`` is given: (N_s, D), else (B, S, D)."""
-        x = self.embed(src)  # (B, S, D)
-        if packing is not None:
-            x = packing.pack(x)  # (N_s, D)
+    def _encode(self, src: Tensor, src_mask: Tensor, layout: Layout) -> Tensor:
+        """The encoder on the real tokens only in a packed ``layout``: (N_s, D), else (B, S, D)."""
+        x = layout.pack(self.embed(src))  # (N_s, D) or (B, S, D)
         for layer in self.encoder_layers:
-            x = layer(x, src_mask, packing)
+            x = layer(x, src_mask, layout)
         return self.encoder_norm(x)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor | None,
                tgt_mask: Tensor | None = None, keep: Tensor | None = None,
-               memory_packing: Packing | None = None) -> Tensor:
+               memory_layout: Layout | None = None) -> Tensor:
         """Run the decoder stack and the output projection.
 
         Args:
             tgt: (B, T) target ids (shifted right behind <bos>); with a cache, only the new positions.
             memory: (B, S, D) encoder output (may be None once a cache holds the cross-attention K/V),
-                or (N_s, D) packed by ``memory_packing``, or (B / g, S, D) for groups of g consecutive
+                or (N_s, D) packed by ``memory_layout``, or (B / g, S, D) for groups of g consecutive
                 rows of ``tgt`` that share a source (the hypotheses of a beam search).
             src_mask: (B, 1, 1, S) source padding mask; (B / g, 1, 1, S) with grouped memory.
             tgt_mask: optional (B, 1, 1, L) key padding mask for decoder self-attention. Causality is
@@ -113,20 +107,17 @@ class Transformer(CachedDecoding, nn.Module):
         Returns:
             logits: (B, T, V), or (N, V) for the N positions of ``keep``.
         """
-        decoding = self.decoder_layers[0].self_attn.cache is not None
+        first = self.decoder_layers[0].self_attn
         # Teacher forcing packs the real target tokens; a cached decoding step feeds every row.
-        packing = None if decoding else packing_for(tgt, self.cfg.pad_id)
-        x = self.embed(tgt, offset=cache_length(self))  # (B, T, D)
-        if packing is not None:
-            x = packing.pack(x)  # (N, D)
+        layout = UNPACKED if first.cache is not None else packing_for(tgt, self.cfg.pad_id)
+        x = layout.pack(self.embed(tgt, offset=first.cached))  # (N, D) or (B, T, D)
         for layer in self.decoder_layers:
-            x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, packing=packing,
-                      memory_packing=memory_packing)
+            x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, layout=layout,
+                      memory_layout=memory_layout or UNPACKED)
         x = self.decoder_norm(x)
-        if packing is not None:
-            if keep is not None and torch.equal(keep, packing.keep):
-                return self.generator(x)  # already exactly the kept positions, in order
-            x = packing.unpack(x)  # (B, T, D)
+        if layout.packs and keep is not None and torch.equal(keep, layout.keep):
+            return self.generator(x)  # already exactly the kept positions, in order
+        x = layout.unpack(x)  # (B, T, D)
         if keep is not None:
             x = x[keep]  # (N, D)
         return self.generator(x)
@@ -146,25 +137,42 @@ class Transformer(CachedDecoding, nn.Module):
             ``tgt`` are meaningless.
         """
         src_mask = padding_mask(src, self.cfg.pad_id)
-        src_packing = packing_for(src, self.cfg.pad_id)
-        memory = self._encode(src, src_mask, src_packing)
-        return self.decode(tgt, memory, src_mask, keep=keep, memory_packing=src_packing)
+        src_layout = packing_for(src, self.cfg.pad_id)
+        memory = self._encode(src, src_mask, src_layout)
+        return self.decode(tgt, memory, src_mask, keep=keep, memory_layout=src_layout)
 
     # ------------------------------------------------------------------------------------------
     # KV cache for decoding: decoder self-attention appends one position per step; cross-attention
-    # keys and values are computed from the encoder output once per source.
+    # keys and values are computed from the encoder output once per source. The encoder sees the
+    # whole source at once and has no cache.
 
-    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-                    pack: bool = True) -> None:
-        super().setup_cache(batch_size, max_len, dtype, pack)
-        # The encoder never uses a cache: it sees the whole source at once.
-        for layer in self.encoder_layers:
-            layer.self_attn.cache = None
+    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """Allocate caches for ``batch_size`` decoder rows of up to ``max_len`` positions (default: cfg.max_len)."""
+        param = self.embedding.weight
+        for layer in self.decoder_layers:
+            layer.self_attn.setup_cache(batch_size, max_len or self.cfg.max_len, dtype or param.dtype, param.device)
+            layer.cross_attn.setup_cache()
 
-    def stepwise_linears(self) -> Iterator[Linear]:
-        """The decoder's linear maps and the output projection (the encoder runs once per source;
-        of cross-attention's [W^Q; W^K; W^V] a step uses W^Q, its ``step_outputs``)."""
-        for part in (*self.decoder_layers, self.generator):
-            for m in part.modules():
-                if isinstance(m, Linear):
-                    yield m
+    def reset_cache(self) -> None:
+        """Forget every cached position and source (the buffers stay) to decode a new batch of the same size."""
+        for layer in self.decoder_layers:
+            layer.self_attn.cache.reset()
+            layer.cross_attn.cache.reset()
+
+    def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
+        """Keep decoder rows ``indices`` (beam search's surviving hypotheses) and source rows ``sources``
+        (None: the sources stay; see :func:`qkv.modules.kv_cache.reorder`)."""
+        kv_cache.reorder([layer.self_attn.cache for layer in self.decoder_layers],
+                         [layer.cross_attn.cache for layer in self.decoder_layers], indices, sources)
+
+    def clear_cache(self) -> None:
+        """Remove the caches: the model computes every position again (training, scoring)."""
+        for layer in self.decoder_layers:
+            layer.self_attn.cache = layer.cross_attn.cache = None
+
+    def upgrade_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The weights of a run saved by an earlier qkv, renamed to today's parameters (a copy)."""
+        state_dict = dict(state_dict)
+        for i, layer in enumerate(self.decoder_layers):
+            layer.cross_attn.upgrade_state_dict(state_dict, f"decoder_layers.{i}.cross_attn.")
+        return state_dict

@@ -1,6 +1,6 @@
 """The Transformer's building blocks: attention, masks, KV cache, positions, feed-forward, layers."""
 
-from qkv.modules.attention import MultiHeadAttention, scaled_dot_product_attention
+from qkv.modules.attention import Attention, CrossAttention, SelfAttention, scaled_dot_product_attention
 from qkv.modules.feed_forward import FeedForward
 from qkv.modules.kv_cache import KVCache, StaticKV
 from qkv.modules.layers import DecoderLayer, EncoderLayer, Sublayer
@@ -13,7 +13,7 @@ from qkv.modules.positional import (
 )
 
 __all__ = [
-    "MultiHeadAttention", "scaled_dot_product_attention", "FeedForward", "KVCache", "StaticKV",
+    "Attention", "SelfAttention", "CrossAttention", "scaled_dot_product_attention", "FeedForward", "KVCache", "StaticKV",
     "EncoderLayer", "DecoderLayer", "Sublayer", "causal_mask", "combine", "lengths_mask", "padding_mask",
     "LearnedPositionalEmbedding", "RotaryEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_table",
 ]

@@ -1,9 +1,17 @@
-"""Scaled dot-product attention and multi-head attention (Sections 3.2.1 and 3.2.2).
+"""Scaled dot-product attention and multi-head attention (Sections 3.2.1 and 3.2.2), self and cross.
 
 Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
 Two paths compute it: the fused ``F.scaled_dot_product_attention`` (fast, the default) and an
 explicit one that also returns the weights (for seeing attention). They agree within 1e-5.
+
+"The Transformer uses multi-head attention in three different ways" (Section 3.2.3): the encoder's
+self-attention, the decoder's masked self-attention, and the encoder-decoder attention, whose
+queries come from the decoder and whose keys and values come from the encoder output. Self-attention
+(:class:`SelfAttention`) projects q, k and v from one input with one stacked matrix, rotates them
+with RoPE when the model uses it, and appends each decoding step to its KV cache. Cross-attention
+(:class:`CrossAttention`) projects the queries with W^Q and the source with [W^K; W^V], whose
+keys and values a decoding step computes once per source and the hypotheses of a beam share.
 """
 
 from __future__ import annotations
@@ -17,14 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.kv_cache import KVCache, StaticKV
-from qkv.modules.linear import Linear
 from qkv.modules.masks import causal_mask, check_mask, combine
-from qkv.modules.packing import Packing
+from qkv.modules.packing import UNPACKED, Layout
 from qkv.modules.positional import RotaryEmbedding
 
-# While set (by qkv.interpret.capture), every MultiHeadAttention computes its weights explicitly and
+# While set (by qkv.interpret.capture), every attention module computes its weights explicitly and
 # hands them to this callable. Nothing is computed or stored when it is None.
-attention_observer: ContextVar[Callable[["MultiHeadAttention", Tensor], None] | None] = ContextVar(
+attention_observer: ContextVar[Callable[[nn.Module, Tensor], None] | None] = ContextVar(
     "attention_observer", default=None
 )
 
@@ -64,9 +71,7 @@ def scaled_dot_product_attention(
         # cache holds earlier positions; build the mask with the right offset instead.
         mask = combine(mask, causal_mask(t, l, offset=l - t, device=q.device))
         is_causal = False
-    # In a compiled decoding step (one query) the explicit formula is faster: inductor fuses it into
-    # the layer's loops, where SDPA's CPU kernel is a call of its own (~0.2 ms of a 2 ms GPT step).
-    if need_weights or (t == 1 and torch.compiler.is_compiling()):
+    if need_weights:
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, L)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -75,11 +80,15 @@ def scaled_dot_product_attention(
             # A fully masked row is softmax of all -inf = NaN; define it as "attend to nothing".
             weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-        return dropped @ v, (weights if need_weights else None)  # (B, H, T, Dh), (B, H, T, L)
+        return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, L)
     # SDPA itself gives zeros for a query whose keys are all masked (since torch 2.5; the pinned 2.13
     # does, and tests/modules/test_attention.py holds it to that), so no second pass is needed here.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
     return out, None
+
+
+def _current_observer() -> Callable[[nn.Module, Tensor], None] | None:
+    return attention_observer.get()
 
 
 def _ungroup(x: Tensor, groups: int) -> Tensor:
@@ -89,130 +98,199 @@ def _ungroup(x: Tensor, groups: int) -> Tensor:
     return x.reshape(n * groups, h, gt // groups, last)
 
 
-class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+class Attention(nn.Module):
+    """What self- and cross-attention share: h heads of d_k = d_model / h, the attention itself, and W^O.
 
-    One module serves self-attention (queries, keys and values from ``x``) and cross-attention
-    (queries from ``x``, keys and values from the encoder output ``memory``). W^Q, W^K and W^V are
-    stored stacked in ``in_proj`` (3D, D), as torch.nn.MultiheadAttention and GPT-2 do, so that
-    self-attention projects all three with one matrix multiply.
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    ``kernel`` computes softmax(Q K^T / sqrt(d_k)) V and ``observer`` says who wants the weights (the
+    ContextVar that :func:`qkv.interpret.capture.capture_attention` sets). Both are attributes so that
+    a transformation of the model from outside can replace them: a compiled decoding step
+    (qkv.generation.compiled) runs the explicit formula, which inductor fuses, and cannot read a
+    ContextVar.
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
-                 rope: RotaryEmbedding | None = None, kind: str = "self", layer: int = 0) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
-        if kind == "cross":  # a decoding step projects only the queries (K and V once per source)
-            self.in_proj.step_outputs = d_model
-        self.out_proj = Linear(d_model, d_model, bias=bias)  # W^O
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
-        self.rope = rope
-        # Where this module sits, for attention maps: "encoder_self", "decoder_self", "cross", "self".
-        self.kind, self.layer = kind, layer
-        self.cache: KVCache | StaticKV | None = None
+        self.kernel = scaled_dot_product_attention
+        self.observer = _current_observer
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _check_input(self, x: Tensor, layout: Layout) -> None:
+        if x.shape[-1] != self.d_model or x.dim() != (2 if layout.packs else 3):
+            expected = "(N, D)" if layout.packs else "(B, T, D)"
+            raise ValueError(f"{type(self).__name__}: expected input {expected} with D={self.d_model}, "
+                             f"got {tuple(x.shape)}")
+
+    def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        positions: Tensor | None = None,
-        need_weights: bool = False,
-        packing: Packing | None = None,
-        memory_packing: Packing | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x`` to itself, or to ``memory`` for cross-attention.
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
+               groups: int = 1) -> tuple[Tensor, Tensor | None]:
+        """The heads' attention, (B, H, T, Dh), and the weights when asked for or observed.
 
-        Args:
-            x: (B, T, D) queries' input.
-            memory: (B, S, D) encoder output for cross-attention; None for self-attention. It may
-                also hold one row per *group* of ``g`` consecutive rows of ``x``, (B / g, S, D): the
-                ``g`` hypotheses of a beam share their source, so its keys and values are computed and
-                stored once, and the group attends to them as ``g * T`` queries.
-            mask: bool, broadcastable to (B, H, T, L), covering all L keys (cached ones included);
-                for grouped cross-attention, (B / g, 1, 1, S), one row per source.
-            is_causal: forbid attending to later positions.
-            positions: (B, T) absolute positions for RoPE (default: after the cached ones).
-            need_weights: also return the weights (B, H, T, L).
-            packing: ``x`` holds only the N real tokens, (N, D), laid out by this Packing
-                (qkv.modules.packing); the output is packed the same way.
-            memory_packing: the same for ``memory``, (N_s, D).
-
-        Returns:
-            (output (B, T, D) or (N, D) when packed, weights or None).
+        ``groups``: q holds g rows of queries per row of k and v, as g * T queries (a beam's
+        hypotheses share their source); the result comes back one row per query row.
         """
-        d = self.d_model
-        if x.shape[-1] != d or x.dim() != (2 if packing is not None else 3):
-            expected = "(N, D)" if packing is not None else "(B, T, D)"
-            raise ValueError(f"MultiHeadAttention: expected input {expected} with D={d}, got {tuple(x.shape)}")
-        b, t = (packing.batch, packing.length) if packing is not None else x.shape[:2]
-        w, bias = self.in_proj.weight, self.in_proj.bias
-        cache = self.cache
-        cross = memory is not None or isinstance(cache, StaticKV)
-        groups = 1  # rows of x per row of memory
-        if not cross:
-            qkv = self.in_proj(x)  # (B, T, 3D), or (N, 3D) packed
-            if packing is not None:
-                qkv = packing.unpack(qkv)  # (B, T, 3D): attention needs the positions laid out
-            q, k, v = qkv.split(d, dim=-1)  # 3 x (B, T, D)
-            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # (B, H, T, Dh)
-            offset = cache.length if isinstance(cache, KVCache) else 0
-            if self.rope is not None:
-                q = self.rope(q, offset=offset, positions=positions)
-                k = self.rope(k, offset=offset, positions=positions)
-            if isinstance(cache, KVCache):
-                k, v = cache.update(k, v)  # (B, H, offset + T, Dh)
-        else:
-            q = self.in_proj.first_outputs(x, d)  # (B, T, D) or (N, D): x W^Q
-            q = self._split_heads(packing.unpack(q) if packing is not None else q)  # (B, H, T, Dh)
-            if isinstance(cache, StaticKV) and cache.filled:
-                k, v = cache.k, cache.v  # computed once per source, reused at every step
-            else:
-                packed_memory = memory_packing is not None and memory.dim() == 2
-                if not packed_memory and (memory.dim() != 3 or memory.shape[-1] != d):
-                    raise ValueError(
-                        f"cross-attention: memory must be (B={b}, S, D={d}), got {tuple(memory.shape)}"
-                    )
-                kv = F.linear(memory, w[d:], None if bias is None else bias[d:])  # (B, S, 2D) or (N_s, 2D)
-                if packed_memory:
-                    kv = memory_packing.unpack(kv)  # (B, S, 2D)
-                k, v = (self._split_heads(z) for z in kv.split(d, dim=-1))  # (B, H, S, Dh) each
-                if isinstance(cache, StaticKV):
-                    # Contiguous: every step reads them, and the kernel reads one block per head faster.
-                    k, v = k.contiguous(), v.contiguous()
-                    cache.set(k, v)
-            # The g rows of a group (a beam's hypotheses) share one source: g * T queries of it.
-            sources = k.shape[0]
-            if sources != b and (sources == 0 or b % sources):
-                raise ValueError(
-                    f"cross-attention: {b} query rows but {sources} sources; memory must be (B={b}, S, D) "
-                    "or hold one row per group of g consecutive rows, (B / g, S, D)"
-                )
-            groups = b // sources if sources else 1
-            if groups > 1:
-                q = q.view(sources, groups, self.n_heads, t, self.head_dim)  # (B / g, g, H, T, Dh)
-                q = q.transpose(1, 2).reshape(sources, self.n_heads, groups * t, self.head_dim)  # (B / g, H, g T, Dh)
-        # Capturing attention is an eager inspection; a compiled graph cannot read a ContextVar.
-        observer = None if torch.compiler.is_compiling() else attention_observer.get()
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights or observer is not None,
-        )
+        observer = self.observer()
+        out, weights = self.kernel(q, k, v, mask=mask, is_causal=is_causal,
+                                   dropout_p=self.dropout if self.training else 0.0,
+                                   need_weights=need_weights or observer is not None)
         if groups > 1:  # back to one row per query row
             out = _ungroup(out, groups)  # (B, H, T, Dh)
             weights = None if weights is None else _ungroup(weights, groups)  # (B, H, T, S)
         if observer is not None:
             observer(self, weights)
-        out = out.transpose(1, 2).reshape(b, t, d)  # (B, T, H * Dh): the heads concatenated
-        if packing is not None:
-            out = packing.pack(out)  # (N, D)
-        return self.out_proj(out), (weights if need_weights else None)
+        return out, (weights if need_weights else None)
+
+    def merge_heads(self, out: Tensor, layout: Layout) -> Tensor:
+        """(B, H, T, Dh) -> W^O of the heads concatenated: (B, T, D), or (N, D) in a packed layout."""
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, H * Dh)
+        return self.out_proj(layout.pack(out))
+
+
+class SelfAttention(Attention):
+    """Queries, keys and values from the same sequence: W^Q, W^K and W^V stacked in ``in_proj`` (3D, D), as
+    torch.nn.MultiheadAttention and GPT-2 store them, so one matrix multiply projects all three.
+
+    With RoPE, queries and keys are rotated by their positions. In decoding, ``cache`` (a
+    :class:`~qkv.modules.kv_cache.KVCache`, installed by the model's ``setup_cache``) keeps the keys and
+    values of the positions already seen, so a step computes only its own.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+                 rope: RotaryEmbedding | None = None) -> None:
+        super().__init__(d_model, n_heads, bias, dropout)
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        self.rope = rope
+        self.cache: KVCache | None = None
+
+    def setup_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.cache = KVCache(batch_size, self.n_heads, max_len, self.head_dim, dtype=dtype, device=device)
+
+    @property
+    def cached(self) -> int:
+        """Positions already in the cache (0 without one): where the next input starts."""
+        return self.cache.length if self.cache is not None else 0
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        positions: Tensor | None = None,
+        need_weights: bool = False,
+        layout: Layout = UNPACKED,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from every position of ``x`` to the others (and to the cached ones).
+
+        Args:
+            x: (B, T, D), or (N, D): the real tokens of a packed ``layout`` (qkv.modules.packing).
+            mask: bool, broadcastable to (B, H, T, L), covering all L keys (cached ones included).
+            is_causal: forbid attending to later positions.
+            positions: (B, T) absolute positions for RoPE (default: after the cached ones).
+            need_weights: also return the weights (B, H, T, L).
+            layout: how ``x`` is laid out; the output is laid out the same way.
+
+        Returns:
+            (output of x's shape, weights or None).
+        """
+        self._check_input(x, layout)
+        qkv = layout.unpack(self.in_proj(x))  # (B, T, 3D): attention needs the positions laid out
+        q, k, v = (self.split_heads(z) for z in qkv.split(self.d_model, dim=-1))  # 3 x (B, H, T, Dh)
+        if self.rope is not None:
+            q = self.rope(q, offset=self.cached, positions=positions)
+            k = self.rope(k, offset=self.cached, positions=positions)
+        if self.cache is not None:
+            k, v = self.cache.update(k, v)  # (B, H, cached + T, Dh)
+        out, weights = self.attend(q, k, v, mask, is_causal, need_weights)
+        return self.merge_heads(out, layout), weights
+
+
+class CrossAttention(Attention):
+    """Queries from the decoder (W^Q, ``q_proj``), keys and values from the encoder output (W^K and W^V
+    stacked, ``kv_proj``).
+
+    In decoding, ``cache`` (a :class:`~qkv.modules.kv_cache.StaticKV`) holds the keys and values of the
+    sources, computed at the first step and read at every later one. ``memory`` may hold one row per
+    *group* of g consecutive query rows, (B / g, S, D): the g hypotheses of a beam share their source,
+    so its keys and values are computed, stored and read once, and the group attends to them as
+    g * T queries.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, bias, dropout)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q
+        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)  # [W^K; W^V]
+        self.cache: StaticKV | None = None
+
+    def setup_cache(self) -> None:
+        self.cache = StaticKV()
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        layout: Layout = UNPACKED,
+        memory_layout: Layout = UNPACKED,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` to ``memory``.
+
+        Args:
+            x: (B, T, D), or (N, D) in a packed ``layout``.
+            memory: (B, S, D) encoder output, (N_s, D) in a packed ``memory_layout``, or (B / g, S, D)
+                for groups of g rows of ``x``; None once the cache holds the sources' keys and values.
+            mask: source padding, (B, 1, 1, S); (B / g, 1, 1, S) for grouped memory.
+            need_weights: also return the weights (B, H, T, S).
+
+        Returns:
+            (output of x's shape, weights or None).
+        """
+        self._check_input(x, layout)
+        q = self.split_heads(layout.unpack(self.q_proj(x)))  # (B, H, T, Dh)
+        b, _, t, _ = q.shape
+        if self.cache is not None and self.cache.filled:
+            k, v = self.cache.k, self.cache.v  # computed once per source, reused at every step
+        else:
+            if memory is None:
+                raise ValueError("cross-attention needs the encoder output (memory)")
+            if memory.shape[-1] != self.d_model or memory.dim() != (2 if memory_layout.packs else 3):
+                raise ValueError(f"cross-attention: memory must be (B={b}, S, D={self.d_model}), "
+                                 f"got {tuple(memory.shape)}")
+            kv = memory_layout.unpack(self.kv_proj(memory))  # (B, S, 2D)
+            k, v = (self.split_heads(z) for z in kv.split(self.d_model, dim=-1))  # (B, H, S, Dh) each
+            if self.cache is not None:
+                # Contiguous: every step reads them, and the kernel reads one block per head faster.
+                k, v = k.contiguous(), v.contiguous()
+                self.cache.set(k, v)
+        # The g rows of a group (a beam's hypotheses) share one source: g * T queries of it.
+        sources = k.shape[0]
+        if sources != b and (sources == 0 or b % sources):
+            raise ValueError(f"cross-attention: {b} query rows but {sources} sources; memory must be (B={b}, S, D) "
+                             "or hold one row per group of g consecutive rows, (B / g, S, D)")
+        groups = b // sources if sources else 1
+        if groups > 1:
+            q = q.view(sources, groups, self.n_heads, t, self.head_dim)  # (B / g, g, H, T, Dh)
+            q = q.transpose(1, 2).reshape(sources, self.n_heads, groups * t, self.head_dim)  # (B / g, H, g T, Dh)
+        out, weights = self.attend(q, k, v, mask, False, need_weights, groups)
+        return self.merge_heads(out, layout), weights
+
+    def upgrade_state_dict(self, state_dict: dict[str, Tensor], prefix: str) -> None:
+        """Split the stacked ``in_proj`` of runs saved when cross-attention stored [W^Q; W^K; W^V] as one
+        (3D, D) matrix into ``q_proj`` and ``kv_proj``, in place."""
+        for part in ("weight", "bias"):
+            old = state_dict.pop(f"{prefix}in_proj.{part}", None)
+            if old is not None:
+                state_dict[f"{prefix}q_proj.{part}"] = old[: self.d_model]
+                state_dict[f"{prefix}kv_proj.{part}"] = old[self.d_model:]
+
+
+__all__ = ["scaled_dot_product_attention", "attention_observer", "Attention", "SelfAttention", "CrossAttention"]

@@ -10,20 +10,19 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.modules.linear import Linear
 
 
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
         self.activation = activation
-        self.w_1 = Linear(d_model, d_ff, bias=bias)
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         if activation == "swiglu":
             # The gate of the gated linear unit: FFN(x) = (swish(x W1) * x W3) W2.
-            self.w_3 = Linear(d_model, d_ff, bias=bias)
+            self.w_3 = nn.Linear(d_model, d_ff, bias=bias)
         elif activation not in ("relu", "gelu", "gelu_tanh"):
             raise ValueError(f"unknown activation {activation!r}; expected relu, gelu, gelu_tanh or swiglu")
-        self.w_2 = Linear(d_ff, d_model, bias=bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         # Dropout after the activation is not in the paper (it drops sublayer outputs, Section 5.4) and
         # costs ~30% on CPU; kept as an option, off by default.
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()

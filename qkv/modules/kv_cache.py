@@ -3,17 +3,15 @@
 During generation the keys and values of past positions never change, so each step computes K and V
 only for the new position and appends them here; attention then costs one query against the cached
 prefix instead of recomputing the whole prefix (as gpt-fast and torchtune do). The buffers are
-allocated once (``setup``) so decoding allocates nothing per step.
+allocated once (a model's ``setup_cache``) so decoding allocates nothing per step. Each model
+installs them over its own layers: a :class:`KVCache` in every self-attention of the decoder, a
+:class:`StaticKV` in every cross-attention; the encoder sees the whole source at once and has none.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
-from torch import Tensor, nn
-
-from qkv.modules.linear import Linear, pack_linears, unpack_linears
+from torch import Tensor
 
 
 class KVCache:
@@ -137,47 +135,8 @@ class StaticKV:
             self.v = self.v.index_select(0, indices)
 
 
-# ----------------------------------------------------------------------------------------------
-# Installing caches in a model: every self-attention gets a KVCache, every cross-attention a
-# StaticKV. The models call these from setup_cache / reset_cache / reorder_cache / clear_cache.
-
-
-def _attention_modules(model: nn.Module):
-    """The model's attention modules, in order.
-
-    Listed once when the caches are set up: walking every module of the model at every step (to
-    find the cache length, to reorder) cost beam search 4% of its time.
-    """
-    listed = getattr(model, "_decoding_attention", None)
-    return listed if listed is not None else _find_attention_modules(model)
-
-
-def _find_attention_modules(model: nn.Module) -> list[nn.Module]:
-    from qkv.modules.attention import MultiHeadAttention
-
-    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-
-
-def setup_caches(model: nn.Module, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> None:
-    """Allocate a cache in every attention module of ``model`` for ``batch_size`` rows of ``max_len`` positions."""
-    param = next(model.parameters())
-    dtype = dtype or param.dtype
-    model._decoding_attention = _find_attention_modules(model)
-    for m in model._decoding_attention:
-        if m.kind == "cross":
-            m.cache = StaticKV()
-        else:
-            m.cache = KVCache(batch_size, m.n_heads, max_len, m.head_dim, dtype=dtype, device=param.device)
-
-
-def reset_caches(model: nn.Module) -> None:
-    """Empty every cache (keeping the buffers) to decode a new batch of the same size."""
-    for m in _attention_modules(model):
-        if m.cache is not None:
-            m.cache.reset()
-
-
-def reorder_caches(model: nn.Module, indices: Tensor, sources: Tensor | None = None) -> None:
+def reorder(self_caches: list[KVCache], cross_caches: list[StaticKV], indices: Tensor,
+            sources: Tensor | None = None) -> None:
     """Keep the rows ``indices`` in every self-attention cache and ``sources`` in every cross-attention one.
 
     Cross-attention caches hold the keys and values of the sources: one row per source, which beam
@@ -186,54 +145,8 @@ def reorder_caches(model: nn.Module, indices: Tensor, sources: Tensor | None = N
     its source, so ``sources=None`` leaves those caches as they are; they move only when sentences leave.
     """
     moved = moved_rows(indices)  # once for all the self-attention caches
-    for m in _attention_modules(model):
-        if isinstance(m.cache, StaticKV):
-            if sources is not None:
-                m.cache.reorder(sources)
-        elif m.cache is not None:
-            m.cache.reorder(indices, moved)
-
-
-def clear_caches(model: nn.Module) -> None:
-    """Remove the caches: the model computes every position again (training, scoring)."""
-    for m in _attention_modules(model):
-        m.cache = None
-    model._decoding_attention = None
-
-
-def cache_length(model: nn.Module) -> int:
-    """Positions already cached (0 without a cache)."""
-    for m in _attention_modules(model):
-        if isinstance(m.cache, KVCache):
-            return m.cache.length
-    return 0
-
-
-class CachedDecoding:
-    """Mixin for models that decode with caches: prefill in one call, then one position per call."""
-
-    cfg: object
-
-    def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-                    pack: bool = True) -> None:
-        """Allocate caches for ``batch_size`` rows of up to ``max_len`` positions (default: cfg.max_len).
-
-        ``pack=False`` skips laying out the weights for oneDNN, which compiled steps do not use.
-        """
-        setup_caches(self, batch_size, max_len or self.cfg.max_len, dtype)
-        if pack:  # every step multiplies batch_size rows by these weights: lay them out for that once
-            pack_linears(self.stepwise_linears(), batch_size)
-
-    def reset_cache(self) -> None:
-        reset_caches(self)
-
-    def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
-        reorder_caches(self, indices, sources)
-
-    def clear_cache(self) -> None:
-        clear_caches(self)
-        unpack_linears(self.stepwise_linears())
-
-    def stepwise_linears(self) -> Iterator[Linear]:
-        """The linear maps that every decoding step runs (default: all of the model's)."""
-        return (m for m in self.modules() if isinstance(m, Linear))
+    for cache in self_caches:
+        cache.reorder(indices, moved)
+    if sources is not None:
+        for cache in cross_caches:
+            cache.reorder(sources)

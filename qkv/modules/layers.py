@@ -12,9 +12,9 @@ from typing import Callable
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.attention import CrossAttention, SelfAttention
 from qkv.modules.feed_forward import FeedForward
-from qkv.modules.packing import Packing
+from qkv.modules.packing import UNPACKED, Layout
 from qkv.modules.positional import RotaryEmbedding
 
 
@@ -40,17 +40,17 @@ class Sublayer(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention over the whole source, then the position-wise feed-forward network."""
 
-    def __init__(self, cfg: ModelConfig, layer: int = 0, rope: RotaryEmbedding | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, "encoder_self", layer)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope)
         self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.ff_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, packing: Packing | None = None) -> Tensor:
-        """x: (B, S, D), or (N, D) with ``packing``; mask: source padding, (B, 1, 1, S). Returns x's shape."""
-        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, mask=mask, packing=packing)[0])
+    def forward(self, x: Tensor, mask: Tensor | None = None, layout: Layout = UNPACKED) -> Tensor:
+        """x: (B, S, D), or (N, D) in a packed ``layout``; mask: source padding, (B, 1, 1, S). Returns x's shape."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, mask=mask, layout=layout)[0])
         return self.ff_sublayer(x, self.feed_forward)
 
 
@@ -60,15 +60,13 @@ class DecoderLayer(nn.Module):
     Without cross-attention this is the GPT block.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int = 0, cross_attention: bool = True,
-                 rope: RotaryEmbedding | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, cross_attention: bool = True, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        kind = "decoder_self" if cross_attention else "self"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, kind, layer)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope)
         self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, None, "cross", layer)
+            self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout)
             self.cross_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         else:
             self.cross_attn = None
@@ -82,18 +80,16 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         positions: Tensor | None = None,
-        packing: Packing | None = None,
-        memory_packing: Packing | None = None,
+        layout: Layout = UNPACKED,
+        memory_layout: Layout = UNPACKED,
     ) -> Tensor:
-        """x: (B, T, D), or (N, D) with ``packing``; memory: (B, S, D), or (N_s, D) with
-        ``memory_packing``; self_mask: key padding (B, 1, 1, L) or None (causality is always applied);
+        """x: (B, T, D), or (N, D) in a packed ``layout``; memory: (B, S, D), or (N_s, D) in a packed
+        ``memory_layout``; self_mask: key padding (B, 1, 1, L) or None (causality is always applied);
         memory_mask: source padding (B, 1, 1, S). Returns x's shape."""
         x = self.self_attn_sublayer(
-            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions, packing=packing)[0]
+            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions, layout=layout)[0]
         )
         if self.cross_attn is not None:
-            if memory is None and not (self.cross_attn.cache is not None and self.cross_attn.cache.filled):
-                raise ValueError("DecoderLayer with cross-attention needs the encoder output (memory)")
             x = self.cross_attn_sublayer(x, lambda h: self.cross_attn(
-                h, memory=memory, mask=memory_mask, packing=packing, memory_packing=memory_packing)[0])
+                h, memory, mask=memory_mask, layout=layout, memory_layout=memory_layout)[0])
         return self.ff_sublayer(x, self.feed_forward)

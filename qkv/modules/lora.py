@@ -18,11 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.modules.linear import Linear
-
-# The projections of a qkv Transformer layer: attention's stacked [W^Q; W^K; W^V] and W^O, and the
-# feed-forward network's two matrices.
-DEFAULT_TARGETS: tuple[str, ...] = ("in_proj", "out_proj", "w_1", "w_2")
+# Every projection of a qkv layer: self-attention's stacked [W^Q; W^K; W^V] (``in_proj``), cross-attention's
+# W^Q and [W^K; W^V] (``q_proj``, ``kv_proj``; the encoder-decoder only), W^O, and the feed-forward
+# network's matrices (``w_3``: SwiGLU's gate).
+DEFAULT_TARGETS: tuple[str, ...] = ("in_proj", "q_proj", "kv_proj", "out_proj", "w_1", "w_2", "w_3")
 
 
 class LoRALinear(nn.Module):
@@ -63,12 +62,6 @@ class LoRALinear(nn.Module):
         return self.base.out_features
 
     @property
-    def weight(self) -> Tensor:
-        """The effective matrix W + (alpha / r) B A (out, in), for code that reads ``.weight`` directly
-        (cross-attention slices ``in_proj.weight``); gradients flow to A and B through it."""
-        return self.base.weight + self.scaling * (self.lora_B @ self.lora_A)
-
-    @property
     def bias(self) -> Tensor | None:
         return self.base.bias
 
@@ -77,11 +70,11 @@ class LoRALinear(nn.Module):
         return self.base(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
 
     @torch.no_grad()
-    def merged(self) -> Linear:
+    def merged(self) -> nn.Linear:
         """A plain linear layer with W + (alpha / r) B A folded in (requires_grad restored to True)."""
-        out = Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
+        out = nn.Linear(self.in_features, self.out_features, bias=self.base.bias is not None,
                         device=self.base.weight.device, dtype=self.base.weight.dtype)
-        out.weight.copy_(self.weight)
+        out.weight.copy_(self.base.weight + self.scaling * (self.lora_B @ self.lora_A))
         if self.base.bias is not None:
             out.bias.copy_(self.base.bias)
         return out

@@ -5,11 +5,29 @@ feed-forward network, residuals, LayerNorm), so the padding of a (B, T) batch is
 :class:`Packing` keeps the N real tokens as an (N, D) matrix and lays them back out as (B, T, D)
 only for the attention scores, the one place where positions meet. On batches with a third of
 padding this does a third less work; on unpadded batches nothing changes (nothing is packed).
+
+Every layer takes a layout and calls its ``pack``/``unpack`` unconditionally: a :class:`Packing` for
+a padded batch, :data:`UNPACKED` (which lays nothing out) otherwise, so no layer branches on it.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
+
+
+class Unpacked:
+    """The layout of a batch that is not packed: ``pack`` and ``unpack`` return their input."""
+
+    packs = False
+
+    def pack(self, x: Tensor) -> Tensor:
+        return x
+
+    def unpack(self, x: Tensor) -> Tensor:
+        return x
+
+
+UNPACKED = Unpacked()
 
 
 class Packing:
@@ -18,6 +36,8 @@ class Packing:
     Args:
         keep: (B, T) bool, True at real tokens.
     """
+
+    packs = True
 
     def __init__(self, keep: Tensor) -> None:
         if keep.dim() != 2 or keep.dtype.is_floating_point:
@@ -40,7 +60,10 @@ class Packing:
         return out.view(self.batch, self.length, *x.shape[1:])
 
 
-def packing_for(tokens: Tensor, pad_id: int) -> Packing | None:
-    """A Packing of the non-``pad_id`` positions, or None when there is no padding (nothing to gain)."""
+Layout = Packing | Unpacked
+
+
+def packing_for(tokens: Tensor, pad_id: int) -> Layout:
+    """A Packing of the non-``pad_id`` positions, or :data:`UNPACKED` when there is no padding (nothing to gain)."""
     keep = tokens != pad_id
-    return None if bool(keep.all()) else Packing(keep)
+    return UNPACKED if bool(keep.all()) else Packing(keep)

@@ -84,3 +84,18 @@ def test_completer_compiled_equals_eager_also_when_the_window_slides():
     assert compiled.complete(long, max_new_tokens=12, temperature=0, sliding_window=True) == eager.complete(
         long, max_new_tokens=12, temperature=0, sliding_window=True)
     assert compiled_frames() >= 1
+
+
+def test_a_compiled_generation_leaves_the_model_as_it_was():
+    """The compiled step transforms the model from outside (its products, its attention) and puts it back."""
+    from torch import nn
+
+    from qkv.modules.attention import Attention, scaled_dot_product_attention
+
+    m = GPT(preset("tiny-gpt")).eval()
+    generate(m, [[3, 1, 4]], 6, temperature=0, compile=True)
+    assert all(type(x) is nn.Linear for x in m.modules() if isinstance(x, nn.Linear))
+    attention = [x for x in m.modules() if isinstance(x, Attention)]
+    assert attention and all(x.kernel is scaled_dot_product_attention for x in attention)
+    with torch.no_grad():  # and it trains again: the explicit formula and compiled products are gone
+        m.train()(torch.tensor([[3, 1, 4]])).sum()

@@ -63,7 +63,12 @@ def _to_torch_transformer(ours: Transformer) -> torch.nn.Transformer:
     for part in ("encoder", "decoder"):
         mapping[f"{part}.norm.weight"] = f"{part}_norm.weight"
         mapping[f"{part}.norm.bias"] = f"{part}_norm.bias"
-    ours_state = ours.state_dict()
+    ours_state = dict(ours.state_dict())
+    for i in range(cfg.decoder_layers):  # torch stacks cross-attention's [W^Q; W^K; W^V] too
+        c = f"decoder_layers.{i}.cross_attn."
+        for part in ("weight", "bias"):
+            ours_state[c + f"in_proj.{part}"] = torch.cat([ours_state[c + f"q_proj.{part}"],
+                                                         ours_state[c + f"kv_proj.{part}"]])
     ref.load_state_dict({k: ours_state[v] for k, v in mapping.items()}, strict=True)
     return ref.eval()
 
@@ -194,3 +199,24 @@ def test_a_few_steps_lower_the_loss():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_weights_saved_with_a_stacked_cross_attention_still_load(tmp_path):
+    """Runs written before cross-attention had its own W^Q and [W^K; W^V] stored one (3D, D) in_proj."""
+    from safetensors.torch import save_file
+
+    from qkv.weights import load_weights
+
+    ours = Transformer(small_cfg()).eval()
+    old = {k: v.clone() for k, v in ours.state_dict().items() if not any(p in k for p in (".q_proj.", ".kv_proj."))}
+    for i in range(ours.cfg.decoder_layers):
+        c = f"decoder_layers.{i}.cross_attn."
+        for part in ("weight", "bias"):
+            old[c + f"in_proj.{part}"] = torch.cat([ours.state_dict()[c + f"q_proj.{part}"],
+                                                  ours.state_dict()[c + f"kv_proj.{part}"]])
+    old.pop("generator.weight", None)  # tied to the embedding: stored once
+    save_file(old, tmp_path / "old.safetensors")
+    loaded = Transformer(small_cfg()).eval()
+    load_weights(tmp_path / "old.safetensors", loaded)
+    src, tgt = torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4))
+    torch.testing.assert_close(loaded(src, tgt), ours(src, tgt))

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from qkv.modules.attention import MultiHeadAttention, scaled_dot_product_attention
+from qkv.modules.attention import CrossAttention, SelfAttention, scaled_dot_product_attention
 from qkv.modules.masks import causal_mask, combine, padding_mask
 
 
@@ -88,21 +88,30 @@ def test_mask_errors_are_clear():
         scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.bool))
 
 
-def test_mha_input_shape_error():
-    mha = MultiHeadAttention(16, 4)
+def test_attention_input_shape_errors():
     with pytest.raises(ValueError, match=r"expected input \(B, T, D\) with D=16"):
-        mha(torch.randn(2, 3, 8))
+        SelfAttention(16, 4)(torch.randn(2, 3, 8))
+    cross = CrossAttention(16, 4)
     with pytest.raises(ValueError, match="memory must be"):
-        mha(torch.randn(2, 3, 16), memory=torch.randn(3, 4, 16))
+        cross(torch.randn(2, 3, 16), memory=torch.randn(3, 4, 8))
+    with pytest.raises(ValueError, match="needs the encoder output"):
+        cross(torch.randn(2, 3, 16), memory=None)
 
 
-def _copy_to_torch_mha(ours: MultiHeadAttention, bias: bool) -> torch.nn.MultiheadAttention:
+def _stacked(ours: SelfAttention | CrossAttention, part: str) -> torch.Tensor:
+    """[W^Q; W^K; W^V] (or their biases) as torch.nn.MultiheadAttention stores them."""
+    if isinstance(ours, SelfAttention):
+        return getattr(ours.in_proj, part)
+    return torch.cat([getattr(ours.q_proj, part), getattr(ours.kv_proj, part)])
+
+
+def _copy_to_torch_mha(ours: SelfAttention | CrossAttention, bias: bool) -> torch.nn.MultiheadAttention:
     ref = torch.nn.MultiheadAttention(ours.d_model, ours.n_heads, bias=bias, batch_first=True)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(ours.in_proj.weight)
+        ref.in_proj_weight.copy_(_stacked(ours, "weight"))
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         if bias:
-            ref.in_proj_bias.copy_(ours.in_proj.bias)
+            ref.in_proj_bias.copy_(_stacked(ours, "bias"))
             ref.out_proj.bias.copy_(ours.out_proj.bias)
     return ref.eval()
 
@@ -110,7 +119,7 @@ def _copy_to_torch_mha(ours: MultiHeadAttention, bias: bool) -> torch.nn.Multihe
 @pytest.mark.parametrize("bias", [True, False])
 def test_self_attention_matches_torch_mha_with_padding_and_causal_masks(bias):
     d, h, b, t = 32, 4, 3, 6
-    ours = MultiHeadAttention(d, h, bias=bias).eval()
+    ours = SelfAttention(d, h, bias=bias).eval()
     ref = _copy_to_torch_mha(ours, bias)
     x = torch.randn(b, t, d)
     tokens = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 0, 0, 0], [5, 6, 7, 8, 0, 0]])
@@ -127,7 +136,7 @@ def test_self_attention_matches_torch_mha_with_padding_and_causal_masks(bias):
 
 def test_cross_attention_matches_torch_mha():
     d, h = 32, 8
-    ours = MultiHeadAttention(d, h, kind="cross").eval()
+    ours = CrossAttention(d, h).eval()
     ref = _copy_to_torch_mha(ours, True)
     x, memory = torch.randn(2, 4, d), torch.randn(2, 9, d)
     src = torch.tensor([[3] * 9, [3] * 5 + [0] * 4])
@@ -141,7 +150,7 @@ def test_cross_attention_matches_torch_mha():
 def test_grouped_cross_attention_equals_repeating_the_memory(need_weights):
     # Beam search: g consecutive query rows (a sentence's hypotheses) share one row of memory.
     d, h, g = 32, 4, 3
-    ours = MultiHeadAttention(d, h, kind="cross").eval()
+    ours = CrossAttention(d, h).eval()
     x, memory = torch.randn(2 * g, 4, d), torch.randn(2, 9, d)
     pad = padding_mask(torch.tensor([[3] * 9, [3] * 5 + [0] * 4]), 0)  # (2, 1, 1, 9)
     out, w = ours(x, memory=memory, mask=pad, need_weights=need_weights)
@@ -156,7 +165,7 @@ def test_grouped_cross_attention_equals_repeating_the_memory(need_weights):
 
 
 def test_causality_future_token_does_not_change_the_past():
-    mha = MultiHeadAttention(16, 2).eval()
+    mha = SelfAttention(16, 2).eval()
     x = torch.randn(1, 6, 16)
     y = x.clone()
     y[:, 4] += 1.0
@@ -169,7 +178,7 @@ def test_causality_future_token_does_not_change_the_past():
 def test_permutation_equivariance_without_positions():
     # Without positional information self-attention is a bag of words: permuting the input permutes
     # the output the same way.
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = SelfAttention(16, 4).eval()
     x = torch.randn(1, 7, 16)
     perm = torch.randperm(7)
     out, _ = mha(x)

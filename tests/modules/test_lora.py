@@ -64,15 +64,40 @@ def test_merged_equals_unmerged_and_is_a_plain_model(gpt):
     torch.testing.assert_close(fresh(x), adapted, atol=1e-5, rtol=1e-5)
 
 
-def test_weight_property_is_the_effective_matrix():
+def test_merged_is_the_effective_matrix():
     torch.manual_seed(1)
     lin = nn.Linear(5, 7)
     lora = LoRALinear(lin, rank=2, alpha=4)
     with torch.no_grad():
         lora.lora_B.normal_()
     x = torch.randn(3, 5)
-    torch.testing.assert_close(lora(x), nn.functional.linear(x, lora.weight, lora.bias))
+    merged = lora.merged()
+    assert type(merged) is nn.Linear
+    torch.testing.assert_close(lora(x), merged(x))
     assert set(lora_state_dict(nn.Sequential(lora))) == {"0.lora_A", "0.lora_B"}
+
+
+def test_lora_adapts_every_projection_of_the_encoder_decoder():
+    """Cross-attention's W^Q and [W^K; W^V] included: every adapter gets a gradient, and merging keeps the outputs."""
+    from qkv import Transformer, preset
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny-transformer"))
+    names = apply_lora(model, rank=2)
+    kinds = {n.rsplit(".", 1)[-1] for n in names}
+    assert kinds == {"in_proj", "q_proj", "kv_proj", "out_proj", "w_1", "w_2"}
+    assert sum(n.endswith("cross_attn.kv_proj") for n in names) == model.cfg.decoder_layers
+    _randomize_b(model)
+    src, tgt = torch.randint(4, 64, (2, 6)), torch.randint(4, 64, (2, 5))
+    model.train()
+    model(src, tgt).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters()
+               if n.endswith(("lora_A", "lora_B")))
+    model.eval()
+    with torch.no_grad():
+        adapted = model(src, tgt)
+        merge_lora(model)
+        torch.testing.assert_close(model(src, tgt), adapted, atol=1e-5, rtol=0)
 
 
 def test_bad_targets_and_ranks_are_clear_errors(gpt):

@@ -1,6 +1,6 @@
 import torch
 
-from qkv.modules.packing import Packing, packing_for
+from qkv.modules.packing import UNPACKED, Packing, packing_for
 
 
 def test_pack_unpack_roundtrip_and_order():
@@ -25,5 +25,8 @@ def test_gradients_flow_through_packing():
 
 
 def test_no_padding_no_packing():
-    assert packing_for(torch.tensor([[4, 5], [6, 7]]), pad_id=0) is None
+    x = torch.randn(2, 2, 3)
+    unpacked = packing_for(torch.tensor([[4, 5], [6, 7]]), pad_id=0)
+    assert unpacked is UNPACKED and not unpacked.packs
+    assert unpacked.pack(x) is x and unpacked.unpack(x) is x  # the layout of an unpadded batch lays out nothing
     assert packing_for(torch.tensor([[4, 0], [6, 7]]), pad_id=0).n_tokens == 3

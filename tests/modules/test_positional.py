@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from qkv.modules.attention import MultiHeadAttention
+from qkv.modules.attention import SelfAttention
 from qkv.modules.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 
 
@@ -54,7 +54,7 @@ def test_rope_scores_depend_only_on_relative_position():
 
 
 def test_positions_break_permutation_equivariance():
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = SelfAttention(16, 4).eval()
     pe = SinusoidalPositionalEncoding(16, 32)
     x = torch.randn(1, 7, 16)
     perm = torch.tensor([1, 0, 2, 3, 4, 5, 6])

@@ -1,0 +1,169 @@
+"""Decoding's CPU speed-ups (qkv.generation.kernels) compute F.linear's function, applied around the model and removed after."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv import GPT, Transformer, preset
+from qkv.generation import kernels as K
+from qkv.generation.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
+
+needs_onednn = pytest.mark.skipif(not K.available(), reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture
+def aten_afterwards():
+    yield
+    K.set_backend("onednn")
+
+
+def _packed(layer: nn.Linear, rows: int) -> nn.Linear:
+    layer.forward = PackedLinear(layer, rows)
+    return layer
+
+
+@needs_onednn
+def test_backend_is_onednn_by_default():
+    assert K.backend() == "onednn"
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24), (1, 1, 24), (0, 24)])
+def test_packed_matches_f_linear(bias, shape):
+    g = torch.Generator().manual_seed(0)
+    layer = _packed(nn.Linear(24, 40, bias=bias), math.prod(shape[:-1]))  # the rows of the product
+    x = torch.randn(*shape, generator=g)
+    with torch.no_grad():
+        y = layer(x)
+    ref = F.linear(x, layer.weight, layer.bias)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_onednn_runs_only_for_the_packed_rows_and_without_autograd(monkeypatch):
+    calls = []
+    real = K._onednn_linear
+    monkeypatch.setattr(K, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    layer, x = nn.Linear(5, 4), torch.randn(3, 5)
+    with torch.inference_mode():
+        layer(x)  # not packed: nn.Linear's own forward
+        assert calls == []
+        _packed(layer, 3)
+        layer(x)
+        assert calls == [1]
+        layer(x[:2])  # another row count than the packing's: F.linear, no new oneDNN kernel
+        assert calls == [1]
+    y = layer(x)  # autograd needs F.linear's graph
+    assert calls == [1] and y.requires_grad
+
+
+@needs_onednn
+def test_packed_weights_give_the_same_products_for_any_row_count():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 48)
+    with torch.no_grad():
+        dense = {m: layer(torch.ones(m, 32) * m) for m in (1, 3, 8, 20)}
+        _packed(layer, 8)
+        for m, want in dense.items():
+            torch.testing.assert_close(layer(torch.ones(m, 32) * m), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_a_changed_weight_is_never_computed_from_a_stale_packing(monkeypatch):
+    calls = []
+    real = K._onednn_linear
+    monkeypatch.setattr(K, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    layer = _packed(nn.Linear(16, 16, bias=False), 2)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # an optimizer step or load_state_dict changes it in place
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    assert calls == []
+
+
+def test_packing_is_not_used_when_gradients_are_needed():
+    layer = nn.Linear(8, 8)
+    if K.available():
+        _packed(layer, 4)
+    layer(torch.randn(4, 8)).sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_aten_backend_and_bad_name(aten_afterwards):
+    K.set_backend("aten")
+    assert K.backend() == "aten"
+    model = GPT(preset("tiny-gpt")).eval()
+    pack_weights(model, 2)
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing packed
+    with pytest.raises(ValueError, match="unknown linear backend 'mkl'"):
+        K.set_backend("mkl")
+
+
+def test_bf16_is_never_packed():
+    model = GPT(preset("tiny-gpt")).to(torch.bfloat16).eval()
+    pack_weights(model, 2)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_decoding_packs_and_frees_every_step_linear_and_the_caches():
+    model = GPT(preset("tiny-gpt")).eval()
+    linears = step_linears(model)
+    assert len(linears) == 1 + 4 * model.cfg.n_layers  # lm_head + in/out_proj, w_1, w_2 per layer
+    with decoding(model, 2, 16):
+        assert all(layer.self_attn.cache is not None for layer in model.layers)
+        if K.available():
+            assert all(isinstance(m.__dict__.get("forward"), PackedLinear) for m in linears)
+    assert all(layer.self_attn.cache is None for layer in model.layers)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    pack_weights(model, 3)
+    unpack_weights(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_translation_decoding_packs_only_what_each_step_runs():
+    model = Transformer(preset("tiny-transformer")).eval()
+    names = {name for name, m in model.named_modules() if any(m is s for s in step_linears(model))}
+    assert "generator" in names
+    assert not any(name.startswith("encoder_layers") for name in names)
+    assert {"decoder_layers.0.self_attn.in_proj", "decoder_layers.0.cross_attn.q_proj",
+            "decoder_layers.0.cross_attn.out_proj", "decoder_layers.0.feed_forward.w_1"} <= names
+    # Cross-attention's [W^K; W^V] runs once per source, not per step.
+    assert not any(name.endswith("kv_proj") for name in names)
+
+
+def test_a_model_made_under_inference_mode_decodes():
+    # Inference tensors keep no version counter; packing them must still work.
+    from qkv.generation import generate
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model = GPT(preset("tiny-gpt", dropout=0.0)).eval()
+        prompt = torch.randint(1, model.cfg.vocab_size, (2, 5))
+        cached = generate(model, prompt, 6, temperature=0)
+        uncached = generate(model, prompt, 6, temperature=0, use_cache=False)
+    assert cached == uncached
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (1, 1, 24), (3, 24), (2, 3, 24)])
+def test_the_compiled_form_computes_f_linear(bias, shape):
+    # What a linear map computes inside a compiled step: multiply-and-sum for one row, F.linear otherwise.
+    m = nn.Linear(24, 10, bias=bias)
+    x = torch.randn(shape)
+    torch.testing.assert_close(compiled_linear(x, m.weight, m.bias), F.linear(x, m.weight, m.bias), atol=1e-6, rtol=0)
+
+
+def test_the_model_files_hold_no_speed_up():
+    """The paper's modules are plain: no compile branches, no packing, no kernel choice inside them."""
+    import pathlib
+
+    import qkv.modules
+
+    for path in pathlib.Path(qkv.modules.__file__).parent.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "is_compiling" not in text and "mkldnn" not in text, path.name
