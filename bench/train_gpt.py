@@ -5,6 +5,7 @@ batch 8, forward + backward + AdamW (the same fused torch AdamW for both), fp32,
 Workers run in fresh processes, alternating; see bench/common.py.
 
     python bench/train_gpt.py [--repeats 5] [--steps 15] [--out bench/results/train_gpt.json]
+    python bench/train_gpt.py --impls qkv,nanogpt,hf --bias --nanogpt-dir PATH   # with nanoGPT's own model.py
 """
 
 from __future__ import annotations
@@ -21,15 +22,24 @@ from common import (  # noqa: E402
 VOCAB, CONTEXT, BATCH = 65, 256, 8
 
 
-def build(impl: str):
+def build(impl: str, bias: bool = False, nanogpt_dir: str = ""):
     """The model and a function (x, y) -> loss, for one implementation."""
     import torch.nn.functional as F
 
     if impl == "qkv":
         from qkv import GPT, preset
 
-        model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0))
+        model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0, bias=bias))
         return model, lambda x, y: F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+    if impl == "nanogpt":  # nanoGPT's own model.py, from a checkout of karpathy/nanoGPT (not part of qkv)
+        if not nanogpt_dir or not os.path.isfile(os.path.join(nanogpt_dir, "model.py")):
+            raise SystemExit("the nanogpt peer needs --nanogpt-dir DIR holding nanoGPT's model.py")
+        sys.path.insert(0, nanogpt_dir)
+        from model import GPT as NanoGPT, GPTConfig  # noqa: N811
+
+        model = NanoGPT(GPTConfig(block_size=CONTEXT, vocab_size=VOCAB, n_layer=6, n_head=6, n_embd=384,
+                                  dropout=0.0, bias=bias))
+        return model, lambda x, y: model(x, y.contiguous())[1]  # its forward computes the same cross-entropy
     if impl == "hf":
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -49,7 +59,7 @@ def worker(args) -> dict:
     impl, steps, warmup = args.worker, args.steps, args.warmup
 
     torch.manual_seed(0)
-    model, loss_fn = build(impl)
+    model, loss_fn = build(impl, args.bias, args.nanogpt_dir)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True)
     data = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), generator=torch.Generator().manual_seed(0))
@@ -61,7 +71,13 @@ def worker(args) -> dict:
 
 
 def main() -> None:
-    args = training_bench_args(__doc__, "qkv,hf", "bench/results/train_gpt.json", 15, worker)
+    def options(ap):
+        ap.add_argument("--bias", action="store_true", help="biases in qkv's and nanoGPT's linear maps and norms "
+                                                             "(HF GPT-2 always has them)")
+        ap.add_argument("--nanogpt-dir", default=os.environ.get("NANOGPT_DIR", ""),
+                        help="a checkout of karpathy/nanoGPT, for the nanogpt peer (its model.py, run as is)")
+
+    args = training_bench_args(__doc__, "qkv,hf", "bench/results/train_gpt.json", 15, worker, options)
 
     from qkv import preset
     from qkv.models import flops_per_token
@@ -86,6 +102,8 @@ def main() -> None:
         "benchmark": "GPT training, nanoGPT shakespeare-char config, dropout 0, batch 8, fwd+bwd+AdamW, fp32",
         "matmul_peak_gflops": peak, "training_flops_per_token": fpt, "summary": summary,
     }
+    if "qkv" in summary and "nanogpt" in summary:
+        result["ratio_qkv_over_nanogpt"] = summary["qkv"]["tokens_per_s_median"] / summary["nanogpt"]["tokens_per_s_median"]
     if "qkv" in summary and "hf" in summary:
         q, h = summary["qkv"], summary["hf"]
         result["ratios_qkv_over_hf"] = {

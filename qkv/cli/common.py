@@ -40,10 +40,13 @@ def add_weights(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None, metavar="NAME|FILE", help=WEIGHTS_HELP)
 
 
-def add_recipe(parser: argparse.ArgumentParser, kind: str) -> None:
-    """``--recipe NAME|FILE`` (``--config`` is the same): a recipe shipped in qkv/recipes/KIND, or a YAML file;
-    ``--overwrite``, ``--resume`` beside it."""
+def add_training_run(parser: argparse.ArgumentParser, kind: str) -> None:
+    """What every ``qkv train KIND`` takes: ``--recipe NAME|FILE`` (``--config`` is the same; a recipe shipped in
+    qkv/recipes/KIND, or a YAML file), ``--run``, ``--resume`` and ``--overwrite``."""
     parser.add_argument("--recipe", "--config", dest="recipe", metavar="NAME|FILE",
                         help=f"a shipped recipe ({', '.join(recipe_names(kind))}) or a YAML file with model:, data: "
                              "and train: sections; not needed with --resume")
+    parser.add_argument("--run", help="run directory (default: runs/<recipe name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --run exactly from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a run that --run already holds")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv.cli.common import add_device, add_recipe, add_weights, command_group
+from qkv.cli.common import add_device, add_training_run, add_weights, command_group
 from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
 from qkv.data.lm import load_tokens, split_by_position
 from qkv.data.sft import load_pairs
@@ -34,9 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = train.add_parser("lm", help="pretrain a GPT on raw text (next-token prediction)",
                          description="Pretrain a GPT. The recipe's header shows an example; section.key=value "
                                      "overrides any setting (train.steps=100, model.d_model=256).")
-    add_recipe(p, "lm")
-    p.add_argument("--run", help="run directory (default: runs/<recipe name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run exactly from its last checkpoint")
+    add_training_run(p, "lm")
     p.add_argument("--init-from", metavar="RUN", help="start from another run's weights and tokenizer, fresh optimizer")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a recipe setting")

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
-from qkv.cli.common import add_device, add_recipe, add_weights, command_group
+from qkv.cli.common import add_device, add_training_run, add_weights, command_group
 from qkv.config import ALPHA, BEAM, from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
@@ -31,9 +31,7 @@ def register(subparsers) -> None:
     p = train.add_parser("mt", help="train an encoder-decoder translation model",
                          description="Train a translation Transformer with the paper's recipe. Example: "
                                      "qkv train mt --recipe demo --run runs/demo train.steps=2000")
-    add_recipe(p, "mt")
-    p.add_argument("--run", help="run directory (default: runs/<recipe name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run from its last checkpoint")
+    add_training_run(p, "mt")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="recipe overrides, e.g. model.d_model=256 train.lr_factor=2")

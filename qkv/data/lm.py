@@ -1,6 +1,6 @@
 """Language-modelling data: a corpus tokenized once into a memory-mapped array, cut into random windows.
 
-A GPT is trained on raw text by next-token prediction (DESIGN item 8): any window of ``context + 1``
+A GPT is trained on raw text by next-token prediction (Radford et al., 2018): any window of ``context + 1``
 consecutive tokens gives ``context`` training examples at once (input ``w[:-1]``, target ``w[1:]``).
 As in nanoGPT, the text is tokenized once and stored as a flat array of uint16 ids (uint32 when the
 vocabulary has more than 65,536 entries), read through ``np.memmap`` so that a corpus larger than memory

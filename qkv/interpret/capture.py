@@ -25,9 +25,9 @@ from torch import Tensor, nn
 
 from qkv.modules.attention import Attention, attention_observer
 
-KINDS = ("encoder_self", "decoder_self", "cross", "self")
 _KIND_OF_PART = {("encoder_layers", "self_attn"): "encoder_self", ("decoder_layers", "self_attn"): "decoder_self",
                  ("decoder_layers", "cross_attn"): "cross", ("layers", "self_attn"): "self"}
+KINDS: tuple[str, ...] = tuple(dict.fromkeys(_KIND_OF_PART.values()))  # encoder_self, decoder_self, cross, self
 _PART = re.compile(r"(?:^|\.)(encoder_layers|decoder_layers|layers)\.(\d+)\.(self_attn|cross_attn)$")
 
 

@@ -4,7 +4,7 @@ A frozen linear map W (out, in) gets a trainable low-rank update: h = W x + (alp
 A (r, in) and B (out, r). A starts random and B at zero, so at the start the adapted model computes
 exactly what the base model does; only r * (in + out) numbers per adapted matrix are trained. Because
 the base weights never move, what the base model knew is kept, which makes LoRA a cure for
-catastrophic forgetting (DESIGN item 9) as well as a cheap way to fine-tune. After training,
+catastrophic forgetting (docs/EXPERIMENTS.md) as well as a cheap way to fine-tune. After training,
 W' = W + (alpha / r) B A is a plain matrix: :func:`merge_lora` folds the adapters in and gives back an
 ordinary model that loads and runs with no LoRA code.
 """

@@ -1,7 +1,7 @@
 """Attention masks: the only place they are built.
 
-Convention (DESIGN.md): boolean, True = may attend. Shapes broadcast against the scores
-(B, H, T, L): a padding mask is (B, 1, 1, L), a causal mask (1, 1, T, L), their combination
+Convention (docs/ARCHITECTURE.md, "Models, attention and caches"): boolean, True = may attend. Shapes
+broadcast against the scores (B, H, T, L): a padding mask is (B, 1, 1, L), a causal mask (1, 1, T, L), their combination
 (B, 1, T, L).
 """
 

@@ -9,7 +9,7 @@ Fine-tuning starts from the base run's weights only, with a fresh optimizer and 
 task loss is the next-token NLL on the response tokens only (:mod:`qkv.data.sft`).
 
 Training on the task alone moves every weight toward the task and away from what pretraining taught:
-the pretraining loss climbs back up (catastrophic forgetting). Two cures (DESIGN item 9):
+the pretraining loss climbs back up (catastrophic forgetting). Two cures (docs/EXPERIMENTS.md):
 
 - the mixed loss L = L_task + lambda * L_pretrain, where each step also takes a batch of random windows
   of the pretraining corpus, so the weights are pulled to fit both; lambda = 0 is plain fine-tuning;

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkv.config import ConfigError, ModelConfig, load_json, save_json
+from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
 from qkv.training.loop import LoopConfig
 from qkv.models.convert import gpt_from_hf
 from qkv.runs import CONFIG_FILE, LAST, Run, RunError
@@ -23,9 +23,8 @@ BEST_WEIGHTS = f"best{WEIGHTS_SUFFIX}"
 
 
 def _gpt() -> ModelConfig:
-    # nanoGPT's shakespeare-char model; vocab_size is replaced by the tokenizer's size.
-    return ModelConfig(arch="gpt", vocab_size=65, d_model=384, n_heads=6, d_ff=1536, n_layers=6, dropout=0.2,
-                       max_len=256, positional="learned", norm="pre", activation="gelu", bias=False)
+    # nanoGPT's shakespeare-char model (the preset); vocab_size is replaced by the tokenizer's size.
+    return PRESETS["nanogpt-shakespeare-char"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,8 @@ class LMTrainConfig(LoopConfig):
 
 @dataclass(frozen=True)
 class LMRecipe:
-    """A whole GPT pretraining recipe: ``configs/lm/*.yaml`` has these three sections."""
+    """A whole GPT pretraining recipe: the ``model:``, ``data:`` and ``train:`` sections of a recipe
+    (``qkv/recipes/lm/*.yaml``)."""
 
     model: ModelConfig = field(default_factory=_gpt)
     data: LMDataConfig = field(default_factory=LMDataConfig)

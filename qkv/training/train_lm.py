@@ -1,12 +1,12 @@
 """Pretrain a GPT on raw text by next-token prediction: the whole recipe as one loop that reads top to bottom.
 
-    qkv train lm --config configs/lm/baby.yaml --run runs/baby [key=value ...]
+    qkv train lm --recipe baby --run runs/baby [section.key=value ...]
     qkv train lm --run runs/baby --resume            # continue exactly where the last checkpoint was
 
 The steps, in order: build (or reload) the tokenizer; tokenize the corpus once into a memory-mapped
 array and split it by position (first 90% train, last 10% valid); build the GPT and AdamW (weight decay
 on matrices only); then for each step: set the cosine learning rate, accumulate gradients over
-micro-batches of random windows, clip the gradient norm, update. Every ``eval_interval`` steps the
+micro-batches of random windows, clip the gradient norm, update. Every ``eval_every`` steps the
 train and valid losses are estimated, the best weights kept and a checkpoint written; everything
 is logged to ``metrics.jsonl`` and drawn in ``curves.png``.
 

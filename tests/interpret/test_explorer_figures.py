@@ -206,3 +206,24 @@ def test_word_order_outputs_are_a_permutation_without_pe():
     before_out = F.word_order_outputs(order, False)
     np.testing.assert_allclose(F.word_order_outputs(after, False), before_out[after], atol=1e-12)
     assert not np.allclose(F.word_order_outputs(after, True), F.word_order_outputs(order, True)[after])
+
+
+def test_the_figure_constants_live_once_in_constants_js():
+    """Python's figures and the page read one file; neither holds a copy of its numbers."""
+    import re
+    from pathlib import Path
+
+    from qkv.interpret.capture import KINDS as capture_kinds
+    from qkv.interpret.explorer import figures
+    from qkv.interpret.explorer.constants import CONSTANTS
+    from qkv.interpret.explorer.payload import KINDS
+
+    static = Path(figures.__file__).parent / "static"
+    for name, value in CONSTANTS.items():
+        if hasattr(figures, name):
+            assert np.asarray(getattr(figures, name)).tolist() == value, name
+    assert list(KINDS) == list(capture_kinds) == CONSTANTS["KINDS"]
+    for js in ("figures.js", "paper.js", "model_view.js", "draw.js", "explorer.js"):
+        text = (static / js).read_text(encoding="utf-8")
+        assert not re.search(r"var FIG\d_\w+ = \[", text), js  # a literal array: a second copy
+    assert re.search(r"FIG1_KEYS = np\.array\(_C\[", Path(figures.__file__).read_text(encoding="utf-8"))

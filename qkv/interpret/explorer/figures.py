@@ -5,7 +5,8 @@ formulas in numpy so that the tests can check the JavaScript against them (withi
 the claims the captions make (a row of weights sums to 1, the output stays in the convex hull of
 the values, a clock turns by the same angle at every position, ...) are asserted in Python.
 
-Every constant here has a twin in ``figures.js``; change both together.
+The constants live once, in ``static/constants.js``, which the page loads and this module reads
+(:mod:`qkv.interpret.explorer.constants`).
 
 The sentence of all figures is 小明累了，他想睡觉 ("Xiaoming is tired, he wants to sleep"): the query
 of 他 ("he") should find 小明, the classic coreference example.
@@ -17,67 +18,41 @@ import math
 
 import numpy as np
 
-TOKENS: tuple[str, ...] = ("小明", "累了", "他", "想", "睡觉")
-QUERY_TOKEN = 2  # 他: the token whose query figure 1 drags.
+from qkv.interpret.explorer.constants import CONSTANTS
 
-# --- Figure 1: one query against five 2-D keys (Section 3.2.1) ---------------------------------
-# Keys are placed so that 他's query naturally points at 小明 (a person, the subject), a little at
-# 他 itself, and away from the verbs.
-FIG1_KEYS = np.array(
-    [[1.5, 0.9], [0.3, -1.6], [0.8, 0.1], [-1.2, 0.6], [-0.8, -1.2]], dtype=np.float64
-)  # (5, 2)
-FIG1_VALUES = np.array(
-    [[1.5, 1.2], [1.4, -1.0], [0.2, 0.4], [-1.3, 0.8], [-0.9, -1.3]], dtype=np.float64
-)  # (5, 2)
-FIG1_QUERY = np.array([2.4, 1.4], dtype=np.float64)  # 他's query, the default arrow: 86% on 小明.
-FIG1_MAX_QUERY_NORM = 3.5  # The arrow can be dragged this far (the plot spans +-4).
+# The constants (static/constants.js, shared with the page's JavaScript), as numpy arrays.
+_C = CONSTANTS
+TOKENS: tuple[str, ...] = tuple(_C["TOKENS"])
+QUERY_TOKEN: int = _C["QUERY_TOKEN"]  # 他: the token whose query figure 1 drags.
 
-# --- Figure 2: why divide by sqrt(d_k) (Section 3.2.1, footnote 4) ----------------------------
-FIG2_DEFAULT_SEED = 10  # At d_k = 64: 99.97% on one key unscaled, at most 42% scaled.
-FIG2_N_KEYS = 8
-FIG2_DK_CHOICES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512)
-FIG2_DEFAULT_DK = 64
+# Figure 1: one query against five 2-D keys (Section 3.2.1).
+FIG1_KEYS = np.array(_C["FIG1_KEYS"], dtype=np.float64)  # (5, 2)
+FIG1_VALUES = np.array(_C["FIG1_VALUES"], dtype=np.float64)  # (5, 2)
+FIG1_QUERY = np.array(_C["FIG1_QUERY"], dtype=np.float64)  # 他's query, the default arrow
+FIG1_MAX_QUERY_NORM: float = _C["FIG1_MAX_QUERY_NORM"]  # the arrow can be dragged this far (the plot spans +-4)
 
-# --- Figure 3: the QK^T table (Section 3.2.1, Equation 1) --------------------------------------
-# Tiny fixed embeddings (d_model = 4) and projections (d_k = 3) in halves, so that a dot product
-# can be followed by hand. W_Q != W_K, which is what makes the table asymmetric.
-FIG3_EMBEDDINGS = np.array(
-    [
-        [-1.0, -0.5, 1.0, 0.0],  # 小明
-        [1.0, 0.0, -0.5, 1.0],  # 累了
-        [0.5, 1.0, 0.5, 0.5],  # 他
-        [0.0, -1.0, -1.0, 1.0],  # 想
-        [1.0, 0.0, 0.0, -1.0],  # 睡觉
-    ],
-    dtype=np.float64,
-)  # (5, d_model=4)
-FIG3_W_Q = np.array(
-    [[0.0, 0.0, -1.0], [0.0, 0.0, -0.5], [0.5, 0.5, 0.0], [0.5, -1.0, -1.0]], dtype=np.float64
-)  # (4, d_k=3)
-FIG3_W_K = np.array(
-    [[1.0, -0.5, 1.0], [0.5, -1.0, 0.5], [0.0, -0.5, -1.0], [-0.5, 0.0, 0.5]], dtype=np.float64
-)  # (4, d_k=3)
-# W_V is only used by figure 5's word-order experiment (a 2-D output per token is easy to show).
-FIG3_W_V = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, -0.5], [-0.5, 0.5]], dtype=np.float64)  # (4, 2)
+# Figure 2: why divide by sqrt(d_k) (Section 3.2.1, footnote 4).
+FIG2_DEFAULT_SEED: int = _C["FIG2_DEFAULT_SEED"]
+FIG2_N_KEYS: int = _C["FIG2_N_KEYS"]
+FIG2_DK_CHOICES: tuple[int, ...] = tuple(_C["FIG2_DK_CHOICES"])
+FIG2_DEFAULT_DK: int = _C["FIG2_DEFAULT_DK"]
 
-# --- Figure 4: one head or two (Section 3.2.2) -------------------------------------------------
-# Two tokens the query of 他 cares about: 小明 (who) and 累了 (what state). Each head projects the
-# values into its own 2-D subspace, so the two heads see different value points.
-FIG4_ONE_HEAD_VALUES = np.array([[1.6, 1.1], [-1.2, -0.9]], dtype=np.float64)  # (2 tokens, 2)
-FIG4_HEAD_VALUES = np.array(
-    [
-        [[1.5, 1.2], [-0.4, -1.3]],  # head 1: v(小明), v(累了)
-        [[-1.3, 0.9], [1.4, -0.8]],  # head 2: v(小明), v(累了)
-    ],
-    dtype=np.float64,
-)  # (H=2, 2 tokens, 2)
-FIG4_DEFAULT_SPLIT = 0.5  # One head: share of attention on 小明.
-FIG4_DEFAULT_HEAD_SPLITS = (0.95, 0.05)  # Two heads: head 1 looks at 小明, head 2 at 累了.
+# Figure 3: the QK^T table (Section 3.2.1, Equation 1).
+FIG3_EMBEDDINGS = np.array(_C["FIG3_EMBEDDINGS"], dtype=np.float64)  # (5, d_model=4)
+FIG3_W_Q = np.array(_C["FIG3_W_Q"], dtype=np.float64)  # (4, d_k=3)
+FIG3_W_K = np.array(_C["FIG3_W_K"], dtype=np.float64)  # (4, d_k=3)
+FIG3_W_V = np.array(_C["FIG3_W_V"], dtype=np.float64)  # (4, 2): figure 5's word-order experiment
 
-# --- Figure 5: positions as clocks (Section 3.5) -----------------------------------------------
-FIG5_D_MODEL = 16  # 8 (sin, cos) pairs = 8 clocks.
-FIG5_MAX_POS = 100
-FIG5_WORD_ORDER_D_MODEL = 4  # Same width as figure 3's embeddings.
+# Figure 4: one head or two (Section 3.2.2).
+FIG4_ONE_HEAD_VALUES = np.array(_C["FIG4_ONE_HEAD_VALUES"], dtype=np.float64)  # (2 tokens, 2)
+FIG4_HEAD_VALUES = np.array(_C["FIG4_HEAD_VALUES"], dtype=np.float64)  # (H=2, 2 tokens, 2)
+FIG4_DEFAULT_SPLIT: float = _C["FIG4_DEFAULT_SPLIT"]  # one head: share of attention on 小明
+FIG4_DEFAULT_HEAD_SPLITS: tuple[float, ...] = tuple(_C["FIG4_DEFAULT_HEAD_SPLITS"])  # head 1 on 小明, head 2 on 累了
+
+# Figure 5: positions as clocks (Section 3.5).
+FIG5_D_MODEL: int = _C["FIG5_D_MODEL"]  # 8 (sin, cos) pairs = 8 clocks
+FIG5_MAX_POS: int = _C["FIG5_MAX_POS"]
+FIG5_WORD_ORDER_D_MODEL: int = _C["FIG5_WORD_ORDER_D_MODEL"]  # the width of figure 3's embeddings
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from qkv.interpret.explorer.constants import CONSTANTS
+
 MAX_TEXT_CHARS = 500  # Longest text a model's maps are computed for (server, CLI and model_maps alike).
 MAX_WEIGHTS = 2_000_000  # Floats in one payload: a page that draws more would freeze the browser.
 MAX_MAPS = 512
@@ -38,7 +40,7 @@ ROW_SUM_TOL = 1e-3
 # float32 weights carry ~7 significant digits: 7 decimals keep what the model computed (the page
 # draws line opacities equal to the weights) at ~10 characters a number.
 DECIMALS = 7
-KINDS = ("encoder_self", "decoder_self", "cross", "self")
+KINDS: tuple[str, ...] = tuple(CONSTANTS["KINDS"])  # static/constants.js, which the page reads too
 TEXT_KEYS = ("text", "output", "model_name")
 
 
@@ -133,7 +135,7 @@ def normalize_attention_data(data: Any) -> dict:
                         raise AttentionDataError(f"{rw} holds {x}, outside [0, 1]")
                     clean.append(round(float(x), DECIMALS))
                 row_sum = sum(row)
-                # A fully masked row is all zeros (DESIGN: masks never give NaN); others sum to 1.
+                # A fully masked row is all zeros (qkv.modules.attention: masks never give NaN); others sum to 1.
                 if abs(row_sum - 1.0) > ROW_SUM_TOL and abs(row_sum) > ROW_SUM_TOL:
                     raise AttentionDataError(f"{rw} sums to {row_sum:.6f}, not 1 (softmax rows)")
                 rows.append(clean)

@@ -1,51 +1,35 @@
 /*
- * figures.js: the numbers behind figures 1-5, with the same formulas and constants as the Python
- * reference qkv/interpret/explorer/figures.py (the tests compare the two within 1e-6).
+ * figures.js: the numbers behind figures 1-5, with the same formulas as the Python reference
+ * qkv/interpret/explorer/figures.py (the tests compare the two within 1e-6) and the constants of
+ * constants.js, which both read.
  * Pure functions only: no DOM. Exposed as globalThis.QKVFigures.
  */
 (function () {
   "use strict";
 
-  var TOKENS = ["小明", "累了", "他", "想", "睡觉"];
-  var QUERY_TOKEN = 2; // 他
-
-  // Figure 1 (Section 3.2.1): 2-D keys and values; 他's query points at 小明.
-  var FIG1_KEYS = [[1.5, 0.9], [0.3, -1.6], [0.8, 0.1], [-1.2, 0.6], [-0.8, -1.2]];
-  var FIG1_VALUES = [[1.5, 1.2], [1.4, -1.0], [0.2, 0.4], [-1.3, 0.8], [-0.9, -1.3]];
-  var FIG1_QUERY = [2.4, 1.4];
-  var FIG1_MAX_QUERY_NORM = 3.5;
-
-  // Figure 2 (Section 3.2.1, footnote 4).
-  var FIG2_DEFAULT_SEED = 10;
-  var FIG2_N_KEYS = 8;
-  var FIG2_DK_CHOICES = [2, 4, 8, 16, 32, 64, 128, 256, 512];
-  var FIG2_DEFAULT_DK = 64;
-
-  // Figure 3 (Equation 1): embeddings (5 x 4), W_Q and W_K (4 x 3), W_V (4 x 2).
-  var FIG3_EMBEDDINGS = [
-    [-1.0, -0.5, 1.0, 0.0],
-    [1.0, 0.0, -0.5, 1.0],
-    [0.5, 1.0, 0.5, 0.5],
-    [0.0, -1.0, -1.0, 1.0],
-    [1.0, 0.0, 0.0, -1.0]
-  ];
-  var FIG3_W_Q = [[0.0, 0.0, -1.0], [0.0, 0.0, -0.5], [0.5, 0.5, 0.0], [0.5, -1.0, -1.0]];
-  var FIG3_W_K = [[1.0, -0.5, 1.0], [0.5, -1.0, 0.5], [0.0, -0.5, -1.0], [-0.5, 0.0, 0.5]];
-  var FIG3_W_V = [[1.0, 0.0], [0.0, 1.0], [0.5, -0.5], [-0.5, 0.5]];
-
-  // Figure 4 (Section 3.2.2).
-  var FIG4_ONE_HEAD_VALUES = [[1.6, 1.1], [-1.2, -0.9]];
-  var FIG4_HEAD_VALUES = [
-    [[1.5, 1.2], [-0.4, -1.3]],
-    [[-1.3, 0.9], [1.4, -0.8]]
-  ];
-  var FIG4_DEFAULT_SPLIT = 0.5;
-  var FIG4_DEFAULT_HEAD_SPLITS = [0.95, 0.05];
-
-  // Figure 5 (Section 3.5).
-  var FIG5_D_MODEL = 16;
-  var FIG5_MAX_POS = 100;
-  var FIG5_WORD_ORDER_D_MODEL = 4;
+  // The constants, written once in constants.js (which Python reads too).
+  var C = globalThis.QKVConstants;
+  var TOKENS = C.TOKENS;
+  var QUERY_TOKEN = C.QUERY_TOKEN;
+  var FIG1_KEYS = C.FIG1_KEYS;
+  var FIG1_VALUES = C.FIG1_VALUES;
+  var FIG1_QUERY = C.FIG1_QUERY;
+  var FIG1_MAX_QUERY_NORM = C.FIG1_MAX_QUERY_NORM;
+  var FIG2_DEFAULT_SEED = C.FIG2_DEFAULT_SEED;
+  var FIG2_N_KEYS = C.FIG2_N_KEYS;
+  var FIG2_DK_CHOICES = C.FIG2_DK_CHOICES;
+  var FIG2_DEFAULT_DK = C.FIG2_DEFAULT_DK;
+  var FIG3_EMBEDDINGS = C.FIG3_EMBEDDINGS;
+  var FIG3_W_Q = C.FIG3_W_Q;
+  var FIG3_W_K = C.FIG3_W_K;
+  var FIG3_W_V = C.FIG3_W_V;
+  var FIG4_ONE_HEAD_VALUES = C.FIG4_ONE_HEAD_VALUES;
+  var FIG4_HEAD_VALUES = C.FIG4_HEAD_VALUES;
+  var FIG4_DEFAULT_SPLIT = C.FIG4_DEFAULT_SPLIT;
+  var FIG4_DEFAULT_HEAD_SPLITS = C.FIG4_DEFAULT_HEAD_SPLITS;
+  var FIG5_D_MODEL = C.FIG5_D_MODEL;
+  var FIG5_MAX_POS = C.FIG5_MAX_POS;
+  var FIG5_WORD_ORDER_D_MODEL = C.FIG5_WORD_ORDER_D_MODEL;
 
   // ------------------------------------------------------------------ small linear algebra
   function dot(a, b) {

@@ -1,0 +1,113 @@
+/*
+ * draw.js: what every figure of the explorer page draws with: DOM and SVG helpers, number formats,
+ * the token colours and a 2-D plot with axes. Exposed as globalThis.QKVDraw; no figure of its own.
+ */
+(function () {
+  "use strict";
+
+  var F = globalThis.QKVFigures;
+  var SVGNS = "http://www.w3.org/2000/svg";
+  var COLORS = ["#2f6fd0", "#e07b2e", "#2e9a6e", "#8a62c4", "#d24b5a"]; // as --tok0..4 in style.css
+
+  // ------------------------------------------------------------------ DOM helpers
+  function $(id) { return document.getElementById(id); }
+
+  function h(tag, attrs, children) {
+    var node = document.createElement(tag);
+    setAttrs(node, attrs);
+    (children || []).forEach(function (c) {
+      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    });
+    return node;
+  }
+
+  function s(tag, attrs, parent) {
+    var node = document.createElementNS(SVGNS, tag);
+    setAttrs(node, attrs);
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function setAttrs(node, attrs) {
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (k === "text") node.textContent = attrs[k];
+      else if (attrs[k] !== null && attrs[k] !== undefined) node.setAttribute(k, attrs[k]);
+    });
+  }
+
+  function tokChip(i, text) {
+    return h("span", { "class": "tok t" + i, text: text === undefined ? F.TOKENS[i] : text });
+  }
+
+  // Numbers with a typographic minus, and no "-0.00".
+  function fmt(x, d) {
+    if (d === undefined) d = 2;
+    var t = x.toFixed(d);
+    if (Number(t) === 0) t = (0).toFixed(d);
+    return t.replace("-", "\u2212");
+  }
+
+  function pct(p, d) { return p.toFixed(d === undefined ? 1 : d) + "%"; }
+
+  function vec(v, d) { return "[" + v.map(function (x) { return fmt(x, d); }).join(", ") + "]"; }
+
+  // Mix white into a colour: t = 0 gives white, t = 1 the colour.
+  function tint(hex, t) {
+    var n = parseInt(hex.slice(1), 16);
+    var rgb = [(n >> 16) & 255, (n >> 8) & 255, n & 255].map(function (c) {
+      return Math.round(255 + (c - 255) * t);
+    });
+    return "rgb(" + rgb.join(",") + ")";
+  }
+
+  // ------------------------------------------------------------------ a 2-D plot with axes
+  function makePlot(container, opts) {
+    var size = opts.size || 360;
+    var pad = opts.pad === undefined ? 16 : opts.pad;
+    var range = opts.range;
+    var scale = (size / 2 - pad) / range;
+    var svg = s("svg", {
+      "class": "plot", viewBox: "0 0 " + size + " " + size, role: "img",
+      "aria-label": opts.label || "plot"
+    });
+    container.appendChild(svg);
+    function sx(x) { return size / 2 + x * scale; }
+    function sy(y) { return size / 2 - y * scale; }
+    var grid = s("g", {}, svg);
+    var step = opts.step || 1;
+    for (var t = -Math.floor(range / step) * step; t <= range + 1e-9; t += step) {
+      if (Math.abs(t) < 1e-9) continue;
+      s("line", { "class": "gridline", x1: sx(t), y1: sy(-range), x2: sx(t), y2: sy(range) }, grid);
+      s("line", { "class": "gridline", x1: sx(-range), y1: sy(t), x2: sx(range), y2: sy(t) }, grid);
+      var dec = step < 1 ? 1 : 0;
+      s("text", { "class": "tick", x: sx(t), y: sy(0) + 13, "text-anchor": "middle", text: fmt(t, dec) }, grid);
+      s("text", { "class": "tick", x: sx(0) - 5, y: sy(t) + 3, "text-anchor": "end", text: fmt(t, dec) }, grid);
+    }
+    s("line", { "class": "axis", x1: sx(-range), y1: sy(0), x2: sx(range), y2: sy(0) }, grid);
+    s("line", { "class": "axis", x1: sx(0), y1: sy(-range), x2: sx(0), y2: sy(range) }, grid);
+    return {
+      svg: svg, sx: sx, sy: sy, scale: scale,
+      layer: function () { return s("g", {}, svg); },
+      toData: function (evt) {
+        var pt = svg.createSVGPoint();
+        pt.x = evt.clientX; pt.y = evt.clientY;
+        var p = pt.matrixTransform(svg.getScreenCTM().inverse());
+        return [(p.x - size / 2) / scale, (size / 2 - p.y) / scale];
+      }
+    };
+  }
+
+  // A labelled point; returns {dot, label}.
+  function point(plot, parent, xy, color, text, r, labelDx, labelDy) {
+    var dot = s("circle", { cx: plot.sx(xy[0]), cy: plot.sy(xy[1]), r: r || 6, fill: color }, parent);
+    var label = s("text", {
+      "class": "ptlabel", x: plot.sx(xy[0]) + (labelDx === undefined ? 9 : labelDx),
+      y: plot.sy(xy[1]) + (labelDy === undefined ? -8 : labelDy), fill: color, text: text
+    }, parent);
+    return { dot: dot, label: label };
+  }
+
+  globalThis.QKVDraw = {
+    $: $, h: h, s: s, setAttrs: setAttrs, tokChip: tokChip, fmt: fmt, pct: pct, vec: vec, tint: tint, makePlot: makePlot, point: point, COLORS: COLORS, SVGNS: SVGNS
+  };
+})();

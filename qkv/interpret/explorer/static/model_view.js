@@ -1,0 +1,610 @@
+/*
+ * model_view.js: figure 6, a model's own attention maps: the head view, the model view and the heat
+ * map of one head. The maps come from the server's /api/attention, or from the JSON embedded in an
+ * exported page (script#qkv-model-data); it never fetches from file://. Exposed as globalThis.QKVModelView.
+ */
+(function () {
+  "use strict";
+
+  var D = globalThis.QKVDraw;
+  var $ = D.$, h = D.h, s = D.s, pct = D.pct, tint = D.tint;
+
+  // ------------------------------------------------------------------ figure 6
+  // A model's maps, grouped by kind and layer, in three linked views: the head view (lines from
+  // queries to keys, one colour per head, opacity = weight, as in bertviz), the model view (a
+  // small map per layer and head) and the detail heat map of one head.
+  var KIND_ORDER = globalThis.QKVConstants.KINDS;
+  var KIND_LABELS = globalThis.QKVConstants.KIND_LABELS;
+  var KIND_NOTES = {
+    encoder_self: "Encoder self-attention: each source token looks at every source token.",
+    decoder_self: "Decoder self-attention: each target token looks at itself and the target tokens before it (masked).",
+    cross: "Cross-attention (encoder–decoder): each target token looks at the source tokens.",
+    self: "Causal self-attention: each token looks at itself and the tokens before it."
+  };
+  var HEAD_COLORS = ["#2f6fd0", "#e07b2e", "#2e9a6e", "#8a62c4", "#d24b5a", "#1b93a5",
+    "#b0862a", "#c8559e", "#55708f", "#6f9a2a", "#9b5a3c", "#4955b8"];
+  var MEAN_COLOR = "#4a5566";
+  var HV_MAX_LINES = 12000; // SVG lines in the head view; more make hovering sluggish.
+  var HV_THRESHOLDS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3];
+  var THUMB_PX = 144; // model-view maps are drawn at up to 144 px and shown at ~80 CSS px (sharp on HiDPI)
+  // Choices survive a new "Show attention": the user keeps looking at the same kind, layer, heads.
+  var fig6Memory = { kind: null, layer: null, head: null, active: null };
+
+  function headColor(k) {
+    if (k < HEAD_COLORS.length) return HEAD_COLORS[k];
+    return hslHex((k * 137.508) % 360, 0.55, 0.45); // golden-angle hues stay apart for any head count
+  }
+
+  function hslHex(hue, sat, light) {
+    var c = (1 - Math.abs(2 * light - 1)) * sat, x = c * (1 - Math.abs((hue / 60) % 2 - 1)), m = light - c / 2;
+    var rgb = hue < 60 ? [c, x, 0] : hue < 120 ? [x, c, 0] : hue < 180 ? [0, c, x] :
+      hue < 240 ? [0, x, c] : hue < 300 ? [x, 0, c] : [c, 0, x];
+    return "#" + rgb.map(function (v) { return ("0" + Math.round((v + m) * 255).toString(16)).slice(-2); }).join("");
+  }
+
+  function rgbOf(hex) {
+    var n = parseInt(hex.slice(1), 16);
+    return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
+  }
+
+  function clamp01(x) { return Math.min(1, Math.max(0, x)); }
+
+  function shorten(t, n) { return t.length > n ? t.slice(0, n - 1) + "…" : t; }
+
+  // {order: [kind...], byKind: {kind: {kind, label, layers: [sorted], byLayer: {layer: map}, nHeads}}}.
+  // kind and layer come from the payload, or else from names like "decoder self · layer 1".
+  function groupMaps(maps) {
+    var byKind = {}, order = [];
+    maps.forEach(function (m) {
+      var kind = m.kind, layer = m.layer;
+      if (kind === undefined || layer === undefined) {
+        var match = /^(.*?)\s*·\s*layer\s+(\d+)\s*$/i.exec(m.name);
+        if (kind === undefined) kind = match ? match[1].trim().toLowerCase().replace(/[\s-]+/g, "_") : m.name;
+        if (layer === undefined && match) layer = Number(match[2]);
+      }
+      var g = byKind[kind];
+      if (!g) {
+        g = byKind[kind] = { kind: kind, label: KIND_LABELS[kind] || kind.replace(/_/g, " "), byLayer: {}, layers: [], nHeads: 0 };
+        order.push(kind);
+      }
+      if (layer === undefined || g.byLayer[layer] !== undefined) {
+        layer = g.layers.length ? Math.max.apply(null, g.layers) + 1 : 0;
+      }
+      g.byLayer[layer] = m;
+      g.layers.push(layer);
+      g.nHeads = Math.max(g.nHeads, m.weights.length);
+    });
+    var seen = order.slice();
+    function rank(k) { var i = KIND_ORDER.indexOf(k); return i >= 0 ? i : KIND_ORDER.length + seen.indexOf(k); }
+    order.forEach(function (k) { byKind[k].layers.sort(function (a, b) { return a - b; }); });
+    order.sort(function (a, b) { return rank(a) - rank(b); });
+    return { order: order, byKind: byKind };
+  }
+
+  function initFig6() {
+    var body = $("fig6-body");
+    var embedded = $("qkv-model-data");
+    if (embedded) {
+      var data;
+      try {
+        data = JSON.parse(embedded.textContent);
+      } catch (err) {
+        showError(body, "The embedded model data is not valid JSON: " + err.message);
+        return;
+      }
+      body.textContent = "";
+      body.appendChild(h("p", { "class": "caption", text: "Exported page: the maps below were computed for one fixed text. Run qkv explore --run DIR for any text." }));
+      return renderModel(body, data, { showInput: true });
+    }
+    // fetch() does not work from file://, and an exported page has no server: keep the placeholder.
+    if (location.protocol !== "http:" && location.protocol !== "https:") return;
+    fetch("/api/status").then(function (r) { return r.json(); }).then(function (st) {
+      if (st && st.model) setupLive(body, st);
+    }).catch(function (err) { showError(body, "Could not reach the explorer server: " + err.message); });
+  }
+
+  function showError(parent, message) {
+    var old = parent.querySelector(".error");
+    if (old) old.remove();
+    parent.appendChild(h("p", { "class": "error", role: "alert", "data-testid": "fig6-error", text: message }));
+  }
+
+  function setupLive(body, status) {
+    body.textContent = "";
+    var input = h("input", {
+      type: "text", id: "fig6-text", maxlength: String(status.max_text_chars || 500),
+      placeholder: "Type a sentence", "aria-label": "text to run through the model"
+    });
+    input.value = status.default_text || "";
+    var button = h("button", { type: "submit", id: "fig6-run", "class": "primary", text: "Show attention" });
+    var form = h("form", { "class": "controls fig6-form" }, [input, button]);
+    var out = h("div", { id: "fig6-output", "aria-live": "polite" });
+    if (status.model_name) body.appendChild(h("p", { "class": "label model-name" }, ["model: ", h("code", { text: status.model_name })]));
+    body.appendChild(form);
+    body.appendChild(out);
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      run();
+    });
+    function run() {
+      button.disabled = true;
+      button.textContent = "Running…";
+      out.classList.add("busy");
+      fetch("/api/attention?text=" + encodeURIComponent(input.value)).then(function (r) {
+        return r.json().then(function (j) { return { ok: r.ok, json: j }; });
+      }).then(function (res) {
+        out.textContent = "";
+        if (!res.ok) showError(out, res.json.error || "The server refused the request.");
+        else renderModel(out, res.json, {});
+      }).catch(function (err) {
+        showError(out, "Request failed: " + err.message);
+      }).then(function () {
+        button.disabled = false;
+        button.textContent = "Show attention";
+        out.classList.remove("busy");
+      });
+    }
+    if (input.value) run();
+  }
+
+  // The model's output under the input box: the translation, or the prompt and its continuation.
+  function outputBox(data, groups, showInput) {
+    var box = h("div", { "class": "fig6-outbox", "data-testid": "fig6-outbox" });
+    var gpt = groups.order.length === 1 && groups.order[0] === "self";
+    var hasOut = typeof data.output === "string";
+    function line(label, node) { box.appendChild(h("div", { "class": "oline" }, [h("span", { "class": "olabel", text: label }), node])); }
+    function outText() {
+      return h("span", { "class": "otext" + (data.output ? "" : " empty"), "data-testid": "fig6-output-text", text: data.output || "(nothing: the model ended at once)" });
+    }
+    if (gpt && hasOut) {
+      line("continuation", h("span", {}, [h("span", { "class": "prompt", text: data.text || "" }), outText()]));
+    } else {
+      if (showInput && data.text) line("input", h("span", { "class": "itext", text: data.text }));
+      if (hasOut) line(groups.byKind.cross ? "translation" : "output", outText());
+    }
+    return box.childNodes.length ? box : null;
+  }
+
+  // data: {text?, output?, maps: [{name, kind?, layer?, query_tokens, key_tokens, weights: (H, T, L)}]}
+  function renderModel(parent, data, opts) {
+    if (!data || !Array.isArray(data.maps) || data.maps.length === 0) {
+      showError(parent, "The model returned no attention maps.");
+      return null;
+    }
+    var groups = groupMaps(data.maps);
+    var mem = fig6Memory;
+    var maxHeads = Math.max.apply(null, groups.order.map(function (k) { return groups.byKind[k].nHeads; }));
+    var state = {
+      kind: groups.byKind[mem.kind] ? mem.kind : groups.order[0],
+      layer: mem.layer, head: mem.head === null ? 0 : mem.head,
+      active: []
+    };
+    for (var k = 0; k < maxHeads; k++) state.active.push(mem.active && k < mem.active.length ? mem.active[k] : true);
+
+    var outBox = outputBox(data, groups, opts.showInput);
+    if (outBox) parent.appendChild(outBox);
+
+    // Controls: kind, layer, heads.
+    var kindBox = h("div", { "class": "seg", role: "group", "aria-label": "attention kind", id: "fig6-kinds" });
+    var kindBtns = {};
+    groups.order.forEach(function (kind) {
+      var b = h("button", { type: "button", "data-kind": kind, text: groups.byKind[kind].label });
+      b.addEventListener("click", function () { setKind(kind); });
+      kindBtns[kind] = b;
+      kindBox.appendChild(b);
+    });
+    var layerSel = h("select", { id: "fig6-layer", "aria-label": "layer" });
+    layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); update(false); });
+    var chips = h("div", { "class": "chips", id: "fig6-heads", role: "group", "aria-label": "heads shown in the head view" });
+    parent.appendChild(h("div", { "class": "controls fig6-bar" }, [
+      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "attention" }), kindBox]),
+      h("label", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "layer" }), layerSel]),
+      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "heads" }), chips])
+    ]));
+    var note = h("p", { "class": "kind-note" });
+    parent.appendChild(note);
+
+    // Head view and detail side by side, the model view below.
+    var hvBox = h("div", { "class": "hv-scroll" });
+    var hvInfo = h("p", { "class": "hv-info", "data-testid": "fig6-hv-info" });
+    var headSel = h("select", { id: "fig6-head", "aria-label": "head shown in the detail view" });
+    headSel.addEventListener("change", function () {
+      state.head = headSel.value === "mean" ? "mean" : Number(headSel.value);
+      update(false);
+    });
+    var detailTitle = h("span", { "class": "detail-title", "data-testid": "fig6-detail-title" });
+    var holder = h("div", { "class": "hm-holder", "data-testid": "fig6-heatmap" });
+    var info = h("div", { "class": "hm-info", "data-testid": "fig6-info" });
+    parent.appendChild(h("div", { "class": "row fig6-views" }, [
+      h("div", { "class": "panel", "data-testid": "fig6-hv-panel" }, [
+        h("h3", { text: "Head view" }),
+        h("p", { "class": "label", text: "Queries on the left, keys on the right; line opacity = attention weight, one colour per head. Hover a token to follow only its lines." }),
+        hvBox, hvInfo
+      ]),
+      h("div", { "class": "panel" }, [
+        h("h3", {}, ["Detail: ", detailTitle]),
+        h("div", { "class": "controls tight" }, [h("label", {}, ["show ", headSel])]),
+        holder, info
+      ])
+    ]));
+    var mvBox = h("div", { "class": "mv-outer" });
+    parent.appendChild(h("div", { "class": "panel fig6-mv" }, [
+      h("h3", { text: "Model view" }),
+      h("p", { "class": "label", text: "Every layer (rows) and head (columns) of this kind at a glance (shade ∝ √weight, so faint patterns show). Click a map to open it in the detail view." }),
+      mvBox
+    ]));
+
+    var mv = null;
+
+    function group() { return groups.byKind[state.kind]; }
+    function currentMap() { return group().byLayer[state.layer]; }
+
+    function setKind(kind) {
+      state.kind = kind;
+      update(true);
+    }
+
+    function fillControls() {
+      var g = group();
+      Object.keys(kindBtns).forEach(function (kd) { kindBtns[kd].setAttribute("aria-pressed", String(kd === state.kind)); });
+      if (g.layers.indexOf(state.layer) < 0) state.layer = g.layers[0];
+      layerSel.textContent = "";
+      g.layers.forEach(function (L) { layerSel.appendChild(h("option", { value: String(L), text: "layer " + L })); });
+      layerSel.value = String(state.layer);
+      var nH = currentMap().weights.length;
+      if (state.head !== "mean" && !(state.head < nH)) state.head = 0;
+      headSel.textContent = "";
+      for (var k = 0; k < nH; k++) headSel.appendChild(h("option", { value: String(k), text: "head " + k }));
+      headSel.appendChild(h("option", { value: "mean", text: "mean of heads" }));
+      headSel.value = String(state.head);
+      note.textContent = KIND_NOTES[state.kind] || "";
+      chips.textContent = "";
+      for (k = 0; k < g.nHeads; k++) chips.appendChild(chip(k));
+      var all = h("button", { type: "button", "class": "chip-all", text: "all" });
+      all.addEventListener("click", function () {
+        state.active = state.active.map(function () { return true; });
+        update(false);
+      });
+      chips.appendChild(all);
+    }
+
+    function chip(k) {
+      var sw = h("span", { "class": "sw" });
+      sw.style.background = headColor(k);
+      var b = h("button", {
+        type: "button", "class": "chip" + (state.active[k] ? "" : " off"), "data-head": String(k),
+        "aria-pressed": String(state.active[k]), title: "show or hide head " + k + " in the head view"
+      }, [sw, "head " + k]);
+      b.style.borderColor = state.active[k] ? headColor(k) : "";
+      b.addEventListener("click", function () {
+        state.active[k] = !state.active[k];
+        update(false);
+      });
+      return b;
+    }
+
+    function update(kindChanged) {
+      fillControls();
+      var m = currentMap();
+      headView(hvBox, m, state.active, hvInfo, state.kind);
+      detailTitle.textContent = group().label + " · layer " + state.layer + " · " + (state.head === "mean" ? "mean of heads" : "head " + state.head);
+      drawDetail(m);
+      if (kindChanged || !mv) mv = modelView(mvBox, group(), pick);
+      mv.select(state.layer, state.head);
+      mem.kind = state.kind; mem.layer = state.layer; mem.head = state.head; mem.active = state.active.slice();
+    }
+
+    function drawDetail(m) {
+      var w, color;
+      if (state.head === "mean") {
+        color = MEAN_COLOR;
+        w = m.weights[0].map(function (row, t) {
+          return row.map(function (_, l) {
+            return m.weights.reduce(function (acc, hw) { return acc + hw[t][l]; }, 0) / m.weights.length;
+          });
+        });
+      } else {
+        color = headColor(state.head);
+        w = m.weights[state.head];
+      }
+      holder.textContent = "";
+      heatmap(holder, m.query_tokens, m.key_tokens, w, info, color);
+    }
+
+    function pick(layer, head) {
+      state.layer = layer;
+      state.head = head;
+      update(false);
+    }
+
+    update(true);
+    return {
+      state: function () { return { kind: state.kind, layer: state.layer, head: state.head, active: state.active.slice() }; }
+    };
+  }
+
+  // The head view of one map: lines from query t (left) to key l (right) with stroke-opacity equal
+  // to weights[k][t][l], one colour per active head k.
+  function headView(box, m, active, info, kind) {
+    box.textContent = "";
+    var qTok = m.query_tokens, kTok = m.key_tokens, T = qTok.length, L = kTok.length;
+    var n = Math.max(T, L, 1);
+    var rowH = n <= 24 ? 22 : n <= 48 ? 18 : 16;
+    var fontSize = rowH >= 20 ? 13 : 11.5;
+    var labelW = 118, gap = 180, top = 30;
+    var W = 2 * labelW + gap, Ht = top + n * rowH + 8;
+    var xq = labelW, xk = labelW + gap;
+    // The shorter column is centred on the first ~30 rows of the longer: in view without scrolling.
+    var span = Math.min(n, Math.max(30, Math.min(T, L)));
+    var offQ = Math.max(0, span - T) * rowH / 2, offK = Math.max(0, span - L) * rowH / 2;
+    function yq(t) { return top + offQ + (t + 0.5) * rowH; }
+    function yk(l) { return top + offK + (l + 0.5) * rowH; }
+    var svg = s("svg", {
+      "class": "headview", viewBox: "0 0 " + W + " " + Ht, width: W, height: Ht, role: "img",
+      "aria-label": "head view: lines from queries to keys", "data-testid": "fig6-headview"
+    });
+    var cross = kind === "cross";
+    s("text", { "class": "hv-head", x: xq - 6, y: 16, "text-anchor": "end", text: cross ? "target · queries" : "queries" }, svg);
+    s("text", { "class": "hv-head", x: xk + 6, y: 16, text: cross ? "keys · source" : "keys" }, svg);
+
+    var heads = [];
+    m.weights.forEach(function (_, k) { if (active[k]) heads.push(k); });
+    function countAbove(th) {
+      var c = 0;
+      heads.forEach(function (k) { m.weights[k].forEach(function (row) { row.forEach(function (w) { if (w > th) c++; }); }); });
+      return c;
+    }
+    // Masked (zero) weights draw nothing; for long texts the faintest lines are left out too.
+    var th = 0, count = countAbove(0);
+    for (var i = 0; count > HV_MAX_LINES && i < HV_THRESHOLDS.length; i++) { th = HV_THRESHOLDS[i]; count = countAbove(th); }
+    svg.setAttribute("data-threshold", String(th));
+
+    var byQ = qTok.map(function () { return []; }), byK = kTok.map(function () { return []; });
+    var lines = s("g", { "class": "hv-lines" }, svg);
+    // Each head's lines are shifted by a pixel or two, so heads that agree lie side by side
+    // instead of the last one hiding the others.
+    var H = m.weights.length, shift = Math.min(2.2, rowH * 0.55 / Math.max(H - 1, 1));
+    heads.forEach(function (k) {
+      var g = s("g", { stroke: headColor(k), "data-head": String(k) }, lines);
+      var dy = (k - (H - 1) / 2) * shift;
+      m.weights[k].forEach(function (row, t) {
+        row.forEach(function (w, l) {
+          if (!(w > th)) return;
+          var ln = s("line", {
+            "class": "att", x1: xq, y1: yq(t) + dy, x2: xk, y2: yk(l) + dy, "stroke-opacity": String(w),
+            "data-q": String(t), "data-k": String(l), "data-head": String(k)
+          }, g);
+          byQ[t].push(ln);
+          byK[l].push(ln);
+        });
+      });
+    });
+
+    var labels = { q: [], k: [] };
+    function label(side, idx, text) {
+      var left = side === "q";
+      var y = left ? yq(idx) : yk(idx);
+      var g = s("g", { "class": "hv-tok", tabindex: "0", "data-side": side, "data-index": String(idx), "data-testid": "fig6-hv-" + side }, svg);
+      var bg = s("rect", { "class": "hv-bg", x: left ? 4 : xk + 4, y: y - rowH / 2 + 1, width: labelW - 8, height: rowH - 2, rx: 4 }, g);
+      s("text", { x: left ? xq - 8 : xk + 8, y: y + fontSize * 0.36, "text-anchor": left ? "end" : "start", "font-size": fontSize, text: shorten(text, 15) }, g);
+      s("title", { text: (left ? "query " : "key ") + idx + ": " + text }, g);
+      g.addEventListener("mouseenter", function () { focus(side, idx); });
+      g.addEventListener("focus", function () { focus(side, idx); });
+      g.addEventListener("mouseleave", clear);
+      g.addEventListener("blur", clear);
+      labels[side].push({ g: g, bg: bg });
+    }
+    qTok.forEach(function (t, idx) { label("q", idx, t); });
+    kTok.forEach(function (t, idx) { label("k", idx, t); });
+
+    function defaultInfo() {
+      info.textContent = heads.length === 0
+        ? "All heads are off: turn one on above."
+        : count + " lines" + (th > 0 ? " (weights under " + pct(100 * th, 1) + " are not drawn, to keep the page fast)" : "") + ". Hover or focus a token.";
+    }
+
+    function focus(side, idx) {
+      clear();
+      svg.classList.add("focus");
+      (side === "q" ? byQ : byK)[idx].forEach(function (ln) { ln.classList.add("on"); });
+      labels[side][idx].g.classList.add("on");
+      // The other column's tokens are shaded by their strongest weight to/from the hovered token.
+      var other = side === "q" ? "k" : "q";
+      labels[other].forEach(function (lb, j) {
+        var best = 0, bestK = -1;
+        heads.forEach(function (k) {
+          var w = side === "q" ? m.weights[k][idx][j] : m.weights[k][j][idx];
+          if (w > best) { best = w; bestK = k; }
+        });
+        if (bestK >= 0) {
+          lb.bg.style.fill = headColor(bestK);
+          lb.bg.style.fillOpacity = String(0.08 + 0.5 * best);
+        }
+      });
+      // Each active head's strongest link, in words.
+      info.textContent = "";
+      var tokens = side === "q" ? qTok : kTok, others = side === "q" ? kTok : qTok;
+      info.appendChild(h("b", { text: (side === "q" ? "query " : "key ") + "“" + tokens[idx] + "”" }));
+      info.appendChild(document.createTextNode(side === "q" ? " looks most at: " : " is looked at most by: "));
+      heads.forEach(function (k, n2) {
+        var best = -1, arg = 0;
+        others.forEach(function (_, j) {
+          var w = side === "q" ? m.weights[k][idx][j] : m.weights[k][j][idx];
+          if (w > best) { best = w; arg = j; }
+        });
+        if (n2) info.appendChild(document.createTextNode(" · "));
+        var span = h("span", { "class": "hv-best", text: "head " + k + " " + (side === "q" ? "→ " : "← ") + others[arg] + " " + pct(100 * best, 0) });
+        span.style.color = headColor(k);
+        info.appendChild(span);
+      });
+    }
+
+    function clear() {
+      svg.classList.remove("focus");
+      Array.prototype.forEach.call(svg.querySelectorAll(".on"), function (node) { node.classList.remove("on"); });
+      ["q", "k"].forEach(function (side) { labels[side].forEach(function (lb) { lb.bg.style.fill = ""; lb.bg.style.fillOpacity = ""; }); });
+      defaultInfo();
+    }
+
+    defaultInfo();
+    box.appendChild(svg);
+  }
+
+  // A small map drawn pixel by pixel (ImageData): cheap for any number of layers and heads.
+  function thumbnail(w, color) {
+    var T = w.length, L = T ? w[0].length : 0;
+    if (!T || !L) return h("span", { "class": "mv-empty", text: "–" });
+    var sx = Math.max(1, Math.floor(THUMB_PX / L)), sy = Math.max(1, Math.floor(THUMB_PX / T));
+    var canvas = h("canvas", { width: String(L * sx), height: String(T * sy), "class": "mv-map" + (sx > 1 && sy > 1 ? " px" : "") });
+    var ctx = canvas.getContext("2d");
+    var img = ctx.createImageData(L * sx, T * sy), px = img.data, rgb = rgbOf(color), stride = L * sx * 4;
+    for (var t = 0; t < T; t++) {
+      for (var l = 0; l < L; l++) {
+        var a = 0.04 + 0.96 * Math.sqrt(clamp01(w[t][l])); // sqrt: faint patterns stay visible at this size
+        var r = 255 + (rgb[0] - 255) * a, g = 255 + (rgb[1] - 255) * a, b = 255 + (rgb[2] - 255) * a;
+        for (var dy = 0; dy < sy; dy++) {
+          var o = (t * sy + dy) * stride + l * sx * 4;
+          for (var dx = 0; dx < sx; dx++, o += 4) { px[o] = r; px[o + 1] = g; px[o + 2] = b; px[o + 3] = 255; }
+        }
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    return canvas;
+  }
+
+  // The model view: rows = layers, columns = heads of one kind; hovering shows which map a cell
+  // is, clicking opens it in the detail view. Returns {select(layer, head)}.
+  function modelView(box, g, onPick) {
+    box.textContent = "";
+    var scroll = h("div", { "class": "mv-scroll" });
+    var grid = h("div", { "class": "mv-grid", "data-testid": "fig6-modelview", "data-kind": g.kind });
+    grid.style.gridTemplateColumns = "auto repeat(" + g.nHeads + ", minmax(30px, 110px))";
+    var tip = h("div", { "class": "mv-tip", role: "tooltip", id: "fig6-tooltip", "data-testid": "fig6-tooltip" });
+    tip.hidden = true;
+    grid.appendChild(h("span", { "class": "mv-corner" }));
+    for (var k = 0; k < g.nHeads; k++) {
+      var ch = h("span", { "class": "mv-colhead", text: "head " + k });
+      ch.style.color = headColor(k);
+      grid.appendChild(ch);
+    }
+    var cells = [], rowHeads = {};
+    g.layers.forEach(function (L) {
+      var rh = h("span", { "class": "mv-rowhead", text: "layer " + L });
+      rowHeads[L] = rh;
+      grid.appendChild(rh);
+      var m = g.byLayer[L];
+      for (var k2 = 0; k2 < g.nHeads; k2++) {
+        if (k2 >= m.weights.length) { grid.appendChild(h("span")); continue; }
+        var cell = h("button", {
+          type: "button", "class": "mv-cell", "data-testid": "fig6-cell", "data-layer": String(L), "data-head": String(k2),
+          "aria-label": g.label + ", layer " + L + ", head " + k2 + ": open in the detail view", "aria-describedby": "fig6-tooltip"
+        }, [thumbnail(m.weights[k2], headColor(k2))]);
+        wire(cell, L, k2, m);
+        cells.push(cell);
+        grid.appendChild(cell);
+      }
+    });
+
+    function wire(cell, L, k3, m) {
+      function show() {
+        tip.textContent = "";
+        var title = h("b", { text: "layer " + L + " · head " + k3 });
+        title.style.color = headColor(k3);
+        tip.appendChild(title);
+        tip.appendChild(h("span", { text: g.label + " · " + m.query_tokens.length + " × " + m.key_tokens.length }));
+        tip.appendChild(h("span", { "class": "dim", text: "click to open" }));
+        tip.hidden = false;
+        var ob = box.getBoundingClientRect(), cb = cell.getBoundingClientRect();
+        tip.style.left = (cb.left - ob.left + cb.width / 2) + "px";
+        tip.style.top = (cb.top - ob.top) + "px";
+      }
+      cell.addEventListener("mouseenter", show);
+      cell.addEventListener("focus", show);
+      cell.addEventListener("mouseleave", function () { tip.hidden = true; });
+      cell.addEventListener("blur", function () { tip.hidden = true; });
+      cell.addEventListener("click", function () { onPick(L, k3); });
+    }
+
+    scroll.appendChild(grid);
+    box.appendChild(scroll);
+    box.appendChild(tip);
+    return {
+      select: function (layer, head) {
+        cells.forEach(function (c) {
+          var on = Number(c.getAttribute("data-layer")) === layer && (head === "mean" || Number(c.getAttribute("data-head")) === head);
+          c.classList.toggle("sel", on);
+          c.setAttribute("aria-pressed", String(on));
+        });
+        Object.keys(rowHeads).forEach(function (L) { rowHeads[L].classList.toggle("sel", Number(L) === layer); });
+      }
+    };
+  }
+
+  // Long texts: one canvas instead of T x L SVG rectangles (250,000 elements would freeze the page).
+  function heatmapCanvas(parent, qTok, kTok, w, info, color) {
+    var T = qTok.length, L = kTok.length;
+    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(T, L))));
+    var canvas = h("canvas", { width: String(L * cell), height: String(T * cell), "class": "heatmap-canvas",
+      "aria-label": "attention heatmap, " + T + " queries by " + L + " keys" });
+    var ctx = canvas.getContext("2d");
+    for (var r = 0; r < T; r++) {
+      for (var l = 0; l < L; l++) {
+        ctx.fillStyle = tint(color, 0.04 + 0.96 * clamp01(w[r][l]));
+        ctx.fillRect(l * cell, r * cell, cell, cell);
+      }
+    }
+    canvas.addEventListener("mousemove", function (e) {
+      var box = canvas.getBoundingClientRect();
+      var ll = Math.floor((e.clientX - box.left) / box.width * L), rr = Math.floor((e.clientY - box.top) / box.height * T);
+      if (rr >= 0 && rr < T && ll >= 0 && ll < L) info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
+    });
+    info.textContent = T + " queries (rows) × " + L + " keys (columns); hover the map.";
+    parent.appendChild(canvas);
+  }
+
+  function heatmap(parent, qTok, kTok, w, info, color) {
+    color = color || "#2f6fd0";
+    var T = qTok.length, L = kTok.length;
+    if (T * L > 6400) { heatmapCanvas(parent, qTok, kTok, w, info, color); return; }
+    // Square cells that fit the panel's width; a tall map (many queries, few keys) scrolls.
+    var cell = Math.max(6, Math.min(44, Math.floor(360 / Math.max(L, 1)), Math.floor(900 / Math.max(T, 1))));
+    var labels = cell >= 12;
+    var left = labels ? 90 : 10, top = labels ? 70 : 10;
+    var W = left + L * cell + (labels ? 50 : 10), H = top + T * cell + 10; // room for the slanted key labels
+    // Natural size (capped by CSS max-width): a short sentence stays small instead of filling the page.
+    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": "attention heatmap" });
+    function label(t) { return t.length > 10 ? t.slice(0, 9) + "…" : t; }
+    if (labels) {
+      kTok.forEach(function (t, l) {
+        var x = left + l * cell + cell / 2;
+        s("text", { x: x, y: top - 6, transform: "rotate(-50 " + x + " " + (top - 6) + ")", text: label(t) }, svg);
+      });
+      qTok.forEach(function (t, r) { s("text", { x: left - 6, y: top + r * cell + cell * 0.68, "text-anchor": "end", text: label(t) }, svg); });
+    }
+    var g = s("g", {}, svg);
+    for (var r = 0; r < T; r++) {
+      for (var l = 0; l < L; l++) {
+        var rect = s("rect", {
+          x: left + l * cell, y: top + r * cell, width: cell - 1, height: cell - 1,
+          fill: tint(color, 0.04 + 0.96 * clamp01(w[r][l])),
+          "data-r": String(r), "data-l": String(l), "data-weight": String(w[r][l])
+        }, g);
+        rect.addEventListener("mouseenter", onHover);
+        if (cell >= 30 && w[r][l] > 0) { // masked (exactly zero) cells stay blank
+          s("text", {
+            x: left + l * cell + (cell - 1) / 2, y: top + r * cell + cell * 0.62, "text-anchor": "middle",
+            "class": "cellpct" + (w[r][l] > 0.5 ? " dark" : ""), text: (100 * w[r][l]).toFixed(0)
+          }, g);
+        }
+      }
+    }
+    function onHover(e) {
+      var rr = Number(e.target.getAttribute("data-r")), ll = Number(e.target.getAttribute("data-l"));
+      info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
+    }
+    info.textContent = "Rows are queries, columns keys; hover a cell.";
+    parent.appendChild(svg);
+  }
+
+  globalThis.QKVModelView = { initFig6: initFig6 };
+})();

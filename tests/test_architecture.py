@@ -1,0 +1,95 @@
+"""The layering of docs/ARCHITECTURE.md, held by a test: who may import whom, and no import hidden in a function.
+
+Each module's qkv imports are read from its source (``ast``), at every depth: one at the top of the
+file and one inside a function are told apart, so a function-level import that dodges a cycle fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import qkv
+
+PACKAGE = Path(qkv.__file__).resolve().parent
+
+# What each part may import (besides itself, and besides qkv.io and qkv.config, which every part may).
+# A part is a top-level module or package of qkv. `training` may use `generation` (BLEU while training)
+# and `evaluation`; nothing below points back up.
+ALLOWED = {
+    "config": set(),
+    "io": set(),
+    "modules": set(),
+    "models": {"modules"},
+    "tokenizers": set(),
+    "data": {"tokenizers"},
+    "weights": set(),
+    "runs": {"models", "tokenizers", "data", "weights"},
+    "evaluation": {"data"},
+    "generation": {"runs", "models", "modules", "tokenizers"},
+    "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
+    "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
+    "demo": {"runs", "data", "generation", "interpret", "training"},
+    "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
+            "training", "demo"},
+}
+EVERYONE = {"config", "io"}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """``(module, at_top_level)`` for every ``qkv`` import of ``path`` (``TYPE_CHECKING`` blocks aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.ImportFrom) and child.module and child.module.split(".")[0] == "qkv":
+                found.append((child.module, top))
+                if child.module == "qkv":  # from qkv import x: x may be a part
+                    found.extend((f"qkv.{a.name}", top) for a in child.names)
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, top) for a in child.names if a.name.split(".")[0] == "qkv")
+            visit(child, inner)
+
+    visit(tree, True)
+    return found
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_module_imports_only_what_its_layer_may(path):
+    rel = path.relative_to(PACKAGE)
+    own = rel.parts[0].removesuffix(".py")
+    if own == "__init__":  # the package's lazy public names (PEP 562): every part, on first use
+        return
+    allowed = ALLOWED[own] | EVERYONE | {own}
+    for module, top in _imports(path):
+        part = _part(module)
+        if not part or part in ("__init__",):
+            continue
+        assert top, f"{rel}: imports {module} inside a function; import it at the top of the file"
+        assert part in allowed, f"{rel} ({own}) imports {module}: {own} may import {sorted(allowed)}"
+
+
+def test_every_part_is_listed():
+    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py")) or (p / "__init__.py").is_file()}
+    assert parts - {"recipes"} == set(ALLOWED)
+
+
+def test_the_rule_catches_a_violation(tmp_path):
+    """The checker itself: an upward import and a hidden one are both seen."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from qkv.training import loop\n\ndef f():\n    from qkv.runs import Run\n")
+    assert _imports(bad) == [("qkv.training", True), ("qkv.runs", False)]
