@@ -50,3 +50,4 @@ def add_training_run(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --run exactly from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a run that --run already holds")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")

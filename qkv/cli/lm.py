@@ -36,7 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                      "overrides any setting (train.steps=100, model.d_model=256).")
     add_training_run(p, "lm")
     p.add_argument("--init-from", metavar="RUN", help="start from another run's weights and tokenizer, fresh optimizer")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a recipe setting")
     p.set_defaults(func=_train_lm)
 

@@ -95,7 +95,7 @@ def cmd_train_mt(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.recipe, args.overrides, run_dir, args.resume)
     if args.data_dir:
         cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
-    summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite)
+    summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     print(json.dumps(summary, indent=2))
     return 0
 
