@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from qkv.config import ConfigError
@@ -100,14 +101,19 @@ class Runtime:
     amp: torch.dtype | None = None
     rank: int = 0
     world_size: int = 1
+    group: Any = None  # the torch.distributed process group of data-parallel training; None: one process
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def start(cfg: LoopConfig) -> Runtime:
+def start(cfg: LoopConfig, group: Any = None) -> Runtime:
     """Set the threads and seed every generator (torch, Python, NumPy) from ``cfg``; resolve device and precision.
+
+    Args:
+        cfg: The recipe's ``train:`` section.
+        group: A ``torch.distributed`` process group the run is one rank of (None: a single process).
 
     Raises:
         DeviceError: ``cfg.device`` is not there (``cuda`` on a machine without CUDA).
@@ -120,7 +126,9 @@ def start(cfg: LoopConfig) -> Runtime:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    return Runtime(device, amp)
+    if group is None:
+        return Runtime(device, amp)
+    return Runtime(device, amp, dist.get_rank(group), dist.get_world_size(group), group)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -106,3 +106,29 @@ def test_only_the_main_process_writes(tmp_path):
     save_state(tmp_path, model, opt, LoopState(step=1), other)
     assert export(tmp_path, model, other) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_of_the_trainers_before_the_shared_loop_resumes(tmp_path):
+    """Checkpoints written before the trainers shared loop.py kept step, best and time at the top level."""
+    from qkv.training.checkpoint import save_checkpoint
+
+    model, opt = _model_and_optimizer()
+    save_checkpoint(tmp_path, "last", model, opt, {"step": 3, "best_valid": 1.5, "elapsed": 2.0})
+    state = LoopState()
+    resume_state(tmp_path, *_model_and_optimizer(seed=1), state)
+    assert state == LoopState(step=3, seconds=2.0, best=1.5, bad_evals=0)
+    save_checkpoint(tmp_path, "last", model, opt, {"step": 4, "best": None, "bad_evals": 1, "train_seconds": 5.0})
+    resume_state(tmp_path, *_model_and_optimizer(seed=1), state)  # translation's layout, before its first best
+    assert state == LoopState(step=4, seconds=5.0, best=math.inf, bad_evals=1)
+
+
+def test_a_process_group_gives_the_rank(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from qkv.training import loop
+
+    monkeypatch.setattr(dist, "get_rank", lambda group: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    runtime = loop.start(LoopConfig(device="cpu"), group="a group")
+    assert (runtime.rank, runtime.world_size, runtime.is_main, runtime.group) == (1, 2, False, "a group")
+    assert loop.start(LoopConfig(device="cpu")).is_main
