@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qkv.config import apply_overrides, from_dict  # noqa: E402
 from qkv.data.sft import load_pairs  # noqa: E402
 from qkv.training.finetune import FinetuneConfig, FinetuneRecipe, finetune  # noqa: E402
-from qkv.training.lm_run import MODEL_WEIGHTS, LMRecipe, load_run_recipe  # noqa: E402
+from qkv.runs import MODEL_WEIGHTS_NAME  # noqa: E402
+from qkv.training.lm_run import LMRecipe, load_run_recipe  # noqa: E402
 from qkv.training.train_lm import train_lm  # noqa: E402
 
 
@@ -146,7 +147,7 @@ def main() -> int:
     # 1. Pretrain (or reuse a finished base).
     base = out / "base"
     t0 = time.perf_counter()
-    if not (base / MODEL_WEIGHTS).is_file():
+    if not (base / MODEL_WEIGHTS_NAME).is_file():
         resume = (base / "last.pt").is_file()
         recipe = load_run_recipe(base) if resume else cfg.pretrain
         train_lm(recipe, base, resume=resume)

@@ -79,6 +79,11 @@ class Run:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
+    @classmethod
+    def of(cls, run: Run | str | Path) -> Run:
+        """``run`` itself, or the Run of a path: what every function that takes "a run or its path" starts with."""
+        return run if isinstance(run, Run) else cls(run)
+
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
 
@@ -209,7 +214,7 @@ class Run:
             run = run.base
         return None
 
-    def checkpoint_names(self) -> list[Path]:
+    def step_weights(self) -> list[Path]:
         """The step checkpoints' weights (``step_N.safetensors``), oldest first."""
         return sorted(self.path.glob(f"{STEP_PREFIX}*{WEIGHTS_SUFFIX}"))
 
@@ -228,7 +233,7 @@ class Run:
                 raise FileNotFoundError(f"{self.path}: nothing to resume (no {LAST}.pt checkpoint)")
             return self
         existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
-        existing += self.checkpoint_names() + sorted(self.path.glob("*.hyp"))
+        existing += self.step_weights() + sorted(self.path.glob("*.hyp"))
         existing += sorted(self.path.glob(f"{TOKENS_FILE}*"))
         if existing and not overwrite:
             raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
@@ -255,7 +260,7 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
         RunError: files that do not belong together.
         DeviceError: a device that is not there.
     """
-    run = run if isinstance(run, Run) else Run(run)
+    run = Run.of(run)
     device = resolve_device(device)
     missing = [] if run.file(TOKENIZER_FILE).is_file() else [TOKENIZER_FILE]
     try:

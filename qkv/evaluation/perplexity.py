@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.data.lm import windows_at
-from qkv.io import autocast
+from qkv.io import autocast, evaluating, model_device
 
 
-@torch.no_grad()
 def evaluate_tokens(
     model: nn.Module,
     tokens: np.ndarray,
@@ -49,14 +48,12 @@ def evaluate_tokens(
     """
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to score, got {len(tokens)}")
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
+    device = model_device(model)
     starts = list(range(0, len(tokens) - 1, context))
     if max_windows is not None:
         starts = starts[:max_windows]
     total, count = 0.0, 0
-    try:
+    with evaluating(model):
         # Full windows in batches; the last, shorter window (if any) on its own.
         full = [s for s in starts if s + context + 1 <= len(tokens)]
         tail = [s for s in starts if s + context + 1 > len(tokens)]
@@ -73,13 +70,10 @@ def evaluate_tokens(
                 logits = model(x.to(device))
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
-    finally:
-        model.train(was_training)
     loss = total / count
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
 
 
-@torch.no_grad()
 def estimate_loss(
     model: nn.Module,
     tokens: np.ndarray,
@@ -99,17 +93,13 @@ def estimate_loss(
     high = len(tokens) - context
     if high < 1:
         raise ValueError(f"{len(tokens)} tokens hold no window of context {context} + 1")
-    device = next(model.parameters()).device
+    device = model_device(model)
     gen = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
     losses = []
-    try:
+    with evaluating(model):
         for _ in range(iters):
             x, y = windows_at(tokens, torch.randint(high, (batch_size,), generator=gen), context)
             with autocast(device, autocast_dtype):
                 logits = model(x.to(device))
             losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).item())
-    finally:
-        model.train(was_training)
     return sum(losses) / len(losses)

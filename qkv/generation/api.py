@@ -65,7 +65,7 @@ class Translator:
             FileNotFoundError: the directory or one of its files is missing (each is named).
             RunError: files that do not belong together, or a run of a GPT.
         """
-        run = run if isinstance(run, Run) else Run(run)
+        run = Run.of(run)
         require_arch(run, "transformer", "translation")
         model, tokenizer = load_model(run, weights, device)
         return cls(model, tokenizer, max_tokens=max_tokens)

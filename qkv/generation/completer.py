@@ -52,7 +52,7 @@ class Completer:
                  weights: str | Path | None = None, compile: bool = False) -> Completer:
         """Load the model, tokenizer and start text of a run directory (``qkv train lm``, ``qkv finetune``,
         ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path)."""
-        run = run if isinstance(run, Run) else Run(run)
+        run = Run.of(run)
         require_arch(run, "gpt", "text generation")
         model, tokenizer = load_model(run, weights, device)
         return cls(model, tokenizer, start_text=run.start_text, compile=compile)

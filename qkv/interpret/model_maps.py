@@ -99,7 +99,7 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
 def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
                             device: str | torch.device | None = "cpu") -> Callable[[str], dict]:
     """Load a run once; return text -> payload (the explorer's figure 6 and ``qkv plot attention``)."""
-    run = run if isinstance(run, Run) else Run(run)
+    run = Run.of(run)
     if run.arch == "transformer":
         translator = Translator.from_run(run, device=device)
 

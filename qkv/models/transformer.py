@@ -89,7 +89,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor | None,
                tgt_mask: Tensor | None = None, keep: Tensor | None = None,
-               memory_layout: Layout | None = None) -> Tensor:
+               memory_layout: Layout = UNPACKED) -> Tensor:
         """Run the decoder stack and the output projection.
 
         Args:
@@ -113,7 +113,7 @@ class Transformer(nn.Module):
         x = layout.pack(self.embed(tgt, offset=first.cached))  # (N, D) or (B, T, D)
         for layer in self.decoder_layers:
             x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, layout=layout,
-                      memory_layout=memory_layout or UNPACKED)
+                      memory_layout=memory_layout)
         x = self.decoder_norm(x)
         if layout.packs and keep is not None and torch.equal(keep, layout.keep):
             return self.generator(x)  # already exactly the kept positions, in order

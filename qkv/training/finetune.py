@@ -37,7 +37,7 @@ from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import atomic_path, autocast, write_json
+from qkv.io import atomic_path, autocast, evaluating, model_device, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run
@@ -164,15 +164,12 @@ def mixed_loss(
     return task + mix * pretrain, task, pretrain
 
 
-@torch.no_grad()
 def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 32,
                   amp: torch.dtype | None = None) -> dict[str, float]:
     """Response-only NLL over every example (token-weighted mean) and its perplexity."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
+    device = model_device(model)
     total, count = 0.0, 0
-    try:
+    with evaluating(model):
         # Sorted by length so each batch pads little.
         order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
         for i in range(0, len(order), batch_size):
@@ -182,8 +179,6 @@ def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int,
             out = masked_nll(logits.float(), y, mask)
             total += out.nll.item() * int(out.n_tokens)
             count += int(out.n_tokens)
-    finally:
-        model.train(was_training)
     loss = total / max(count, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
 

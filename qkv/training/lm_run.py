@@ -14,12 +14,10 @@ from pathlib import Path
 from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
 from qkv.training.loop import LoopConfig
 from qkv.models.convert import gpt_from_hf
-from qkv.runs import CONFIG_FILE, LAST, Run, RunError
+from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
-from qkv.weights import WEIGHTS_SUFFIX, save_weights
+from qkv.weights import save_weights
 
-MODEL_WEIGHTS = f"model{WEIGHTS_SUFFIX}"
-BEST_WEIGHTS = f"best{WEIGHTS_SUFFIX}"
 
 
 def _gpt() -> ModelConfig:
@@ -176,5 +174,5 @@ def convert_gpt2_run(source: str | Path, run_dir: str | Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir)
     save_json(recipe, run_dir / CONFIG_FILE)
-    save_weights(run_dir / MODEL_WEIGHTS, model, metadata={"converted_from": str(source)})
+    save_weights(run_dir / MODEL_WEIGHTS_NAME, model, metadata={"converted_from": str(source)})
     return run_dir

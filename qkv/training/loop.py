@@ -154,13 +154,16 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
     """
     value = check_finite(loss, step)  # before the update: never step on a NaN
     params = [p for p in parameters if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else math.inf)
+    # The norm is computed either way (it is the finite check); the gradients are scaled only to clip.
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLossError(
             f"the gradient norm is {float(norm)} at step {step} (the loss, {value:.4g}, is finite): training "
             "stopped before updating on it. Lower the learning rate or lengthen warmup, then resume from the "
             "last checkpoint.")
+    if clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, clip_norm, norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return value

@@ -37,7 +37,7 @@ from qkv.data.batching import BatchStream, eval_batches
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
 from qkv.generation.api import Translator
-from qkv.io import autocast, write_json
+from qkv.io import autocast, evaluating, write_json
 from qkv.models.transformer import Transformer
 from qkv.runs import (
     BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
@@ -130,34 +130,28 @@ def learning_rate(cfg: MTRecipe, step: int) -> float:
     return noam_lr(step, cfg.model.d_model, tc.warmup, tc.lr_factor)
 
 
-@torch.no_grad()
 def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device) -> dict[str, float]:
     """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing)."""
-    was_training = model.training
-    model.eval()
     loss_sum = nll_sum = 0.0
     n = 0
-    for batch in eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id):
-        batch = batch.to(device)
-        keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
-        out = label_smoothed_nll(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], smoothing,
-                                 ignore_index=tok.pad_id)
-        k = int(out.n_tokens)
-        loss_sum += float(out.loss) * k
-        nll_sum += float(out.nll) * k
-        n += k
-    model.train(was_training)
+    with evaluating(model):
+        for batch in eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id):
+            batch = batch.to(device)
+            keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
+            out = label_smoothed_nll(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], smoothing,
+                                     ignore_index=tok.pad_id)
+            k = int(out.n_tokens)
+            loss_sum += float(out.loss) * k
+            nll_sum += float(out.nll) * k
+            n += k
     return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
 
 
 def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = ALPHA,
                         max_tokens: int = MAX_TOKENS) -> tuple[dict[str, Any], list[str]]:
     """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept."""
-    was_training = model.training
-    try:
+    with evaluating(model):
         hyps = Translator(model, tok, max_tokens=max_tokens).translate(src, beam=beam, alpha=alpha, truncate=True)
-    finally:
-        model.train(was_training)
     return score(hyps, ref), hyps
 
 
@@ -285,7 +279,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                 if improved:
                     save_weights(run_dir / BEST_WEIGHTS_NAME, model, metadata={"step": str(step)})
                 save_weights(run_dir / f"{STEP_PREFIX}{step:07d}.safetensors", model)
-                for old in Run(run_dir).checkpoint_names()[: -max(tc.keep_checkpoints, 1)]:
+                for old in Run(run_dir).step_weights()[: -max(tc.keep_checkpoints, 1)]:
                     old.unlink()
             save_state(run_dir, model, optimizer, state, runtime, data=stream)
             bleu = f", BLEU {values['bleu']:.1f}" if "bleu" in values else ""
@@ -302,7 +296,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     #    last, whichever has the lowest validation NLL.
     last_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     candidates = {"last": lambda: load_state_dict_into(model, last_state, source="last")}
-    steps_saved = Run(run_dir).checkpoint_names()[-tc.average_last:] if tc.average_last > 1 else []
+    steps_saved = Run(run_dir).step_weights()[-tc.average_last:] if tc.average_last > 1 else []
     if len(steps_saved) > 1:
         averaged = average_checkpoints(steps_saved)
         candidates["average"] = lambda: load_state_dict_into(model, averaged, source="average")
