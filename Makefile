@@ -21,7 +21,7 @@ demo: setup
 # The default tier: everything but slow tests (a few minutes on 2 cores). Browser tests run when
 # Debian's chromium is installed (.ci/run installs it) and skip otherwise.
 test: setup
-	$(BIN)/python -m pytest -m "not slow and not distributed and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
 test-all: setup
 	$(BIN)/python -m pytest -q

@@ -251,6 +251,13 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device.type, dtype=dtype)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``; a CPU batch bound for a GPU goes through pinned memory without blocking."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (all of a qkv model's parameters share one)."""
     return next(model.parameters()).device
@@ -271,5 +278,5 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 __all__ = [
     "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "write_text", "write_json",
     "decode_utf8", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
-    "autocast_dtype", "autocast", "model_device", "evaluating",
+    "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

@@ -15,12 +15,14 @@ import qkv
 
 PACKAGE = Path(qkv.__file__).resolve().parent
 
-# What each part may import (besides itself, and besides qkv.io and qkv.config, which every part may).
+# What each part may import (besides itself, and besides qkv.io, qkv.config and qkv.parallel, which every
+# part may).
 # A part is a top-level module or package of qkv. `training` may use `generation` (BLEU while training)
 # and `evaluation`; nothing below points back up.
 ALLOWED = {
     "config": set(),
     "io": set(),
+    "parallel": set(),
     "modules": set(),
     "models": {"modules"},
     "tokenizers": set(),
@@ -35,7 +37,7 @@ ALLOWED = {
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
             "training", "demo"},
 }
-EVERYONE = {"config", "io"}
+EVERYONE = {"config", "io", "parallel"}
 
 
 def _part(module: str) -> str:

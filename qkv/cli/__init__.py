@@ -13,6 +13,8 @@ import os
 import sys
 
 from qkv.cli import data, explore, info, lm, mt, plot
+from qkv.parallel import RankError, launched_rank
+from qkv.training import distributed
 from qkv.weights import CheckpointError
 
 # The modules that add subcommands, in the order --help lists them.
@@ -39,14 +41,27 @@ def _quiet_broken_pipe() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    if getattr(args, "nproc_per_node", 0):  # --nproc-per-node N: the same command on N processes, by torchrun
+        return distributed.launch(distributed.without_launcher(argv), args.nproc_per_node)
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        distributed.leave()  # a launched rank's process group, if it joined one
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    rank = launched_rank()
+    if rank != 0:  # under torchrun, rank 0 alone prints results
+        _quiet_broken_pipe()
     try:
-        code = int(args.func(args) or 0)
+        code = _run(args, argv)
         sys.stdout.flush()
         return code
     except KeyboardInterrupt:
@@ -58,12 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     # Every error a user can cause: bad input or config (ValueError and its kinds: ConfigError,
     # DataError, RunError, DeviceError, TokenizerError), missing files, damaged checkpoints, a loss
     # that became NaN, and what the system refuses (a full disk, a read-only folder).
-    except (ValueError, OSError, CheckpointError, FloatingPointError) as e:
-        if args.debug:
+    # Under torchrun: a rank that lost the others (one died, or hung past the collective timeout).
+    except (ValueError, OSError, CheckpointError, FloatingPointError, RankError, RuntimeError) as e:
+        lost = distributed.lost_contact(e)
+        if args.debug or (type(e) is RuntimeError and not lost):  # a bug: its traceback is the report
             raise
+        if isinstance(e, RankError) and rank != 0:
+            return 2  # rank 0 printed the error itself
         message = str(e) if not isinstance(e, OSError) or not e.strerror else (
             f"{e.filename}: {e.strerror}" if e.filename else e.strerror)
-        print(f"qkv {args.command}: error: {message}", file=sys.stderr)
+        if lost:
+            message = (f"lost contact with the other ranks ({message.strip().splitlines()[0][:200]}): a rank "
+                       f"failed or stopped responding (collectives wait {distributed.collective_timeout().seconds} s, "
+                       f"${distributed.TIMEOUT_ENV}); its own message says why")
+        where = f"rank {rank}: " if distributed.launched() and int(os.environ["WORLD_SIZE"]) > 1 else ""
+        print(f"{where}qkv {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -8,6 +8,7 @@ import sys
 from qkv.config import recipe_names
 from qkv.io import DEVICE_DEFAULT
 from qkv.runs import WEIGHT_NAMES
+from qkv.training.distributed import add_launcher
 
 WEIGHTS_HELP = (f"which weights of the run: {', '.join(WEIGHT_NAMES)} (default: model, the trainer's final choice; "
                 "else best, else last), or a .safetensors file")
@@ -46,8 +47,9 @@ def add_training_run(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--recipe", "--config", dest="recipe", metavar="NAME|FILE",
                         help=f"a shipped recipe ({', '.join(recipe_names(kind))}) or a YAML file with model:, data: "
                              "and train: sections; not needed with --resume")
-    parser.add_argument("--run", help="run directory (default: runs/<recipe name>)")
+    parser.add_argument("--run", "--run-dir", help="run directory (default: runs/<recipe name>)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --run exactly from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a run that --run already holds")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_launcher(parser)

@@ -30,7 +30,7 @@ def register(subparsers) -> None:
         epilog=__doc__.split("\n", 1)[1],
     )
     p.add_argument(
-        "--run", metavar="DIR", help="run directory of a trained model: adds figure 6, its attention maps"
+        "--run", "--run-dir", metavar="DIR", help="run directory of a trained model: adds figure 6, its attention maps"
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)"

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from qkv.cli.common import add_device, add_training_run, add_weights, command_group
+from qkv.training.distributed import add_launcher
 from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
 from qkv.data.lm import load_tokens, split_by_position
 from qkv.data.sft import load_pairs
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Continue a prompt, streaming tokens to stdout. Without a prompt, reads "
                                           "stdin line by line and writes one line per input (newlines written as \\n, "
                                           "and \\n in an input line read as a newline).")
-    p.add_argument("--run", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
+    p.add_argument("--run", "--run-dir", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
     p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("finetune", help="supervised fine-tuning of a GPT run, optionally mixed or LoRA",
                               description="Fine-tune the weights of --run (fresh optimizer) on (prompt, response) "
                                           "pairs, the loss on response tokens only.")
-    p.add_argument("--run", "--init-from", dest="base", required=True, metavar="BASE", help="the pretrained run")
+    p.add_argument("--run", "--run-dir", "--init-from", dest="base", required=True, metavar="BASE", help="the pretrained run")
     p.add_argument("--data", required=True, help="JSONL of {prompt, response}, or CORPUS:SPLIT (e.g. cmn-eng:train)")
     p.add_argument("--valid", help="held-out pairs for the task loss (JSONL or CORPUS:SPLIT)")
     p.add_argument("--out", required=True, help="the new run directory")
@@ -74,12 +75,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cure.add_argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
     p.add_argument("--quiet", action="store_true")
+    add_launcher(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (train.steps=200, train.lr=1e-4)")
     p.set_defaults(func=_finetune)
 
     ev = command_group(subparsers, "eval", "evaluate a model (lm: loss and perplexity)")
     p = ev.add_parser("lm", help="loss and perplexity of a GPT run on its validation split or a text file")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", "--run-dir", required=True)
     p.add_argument("--split", default="valid", choices=["valid", "train"], help="split of the run's corpus")
     p.add_argument("--text", help="score this UTF-8 text file instead")
     p.add_argument("--batch-size", type=int, default=32)
@@ -95,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                     "any other (needs qkv[hf,gpt2]).")
     p.add_argument("--from", dest="source", required=True,
                    help="a model name to download (gpt2, gpt2-medium, ...) or a save_pretrained folder")
-    p.add_argument("--run", required=True, help="the new run directory")
+    p.add_argument("--run", "--run-dir", required=True, help="the new run directory")
     p.set_defaults(func=_convert_gpt2)
 
 

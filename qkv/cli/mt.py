@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("translate", help="translate text with a trained run (stdin to stdout)",
                               description="Translate stdin (or --input) line by line: one output line per input "
                                           "line, an empty line for an empty line.")
-    p.add_argument("--run", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
+    p.add_argument("--run", "--run-dir", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
     p.add_argument("--beam", type=int, default=BEAM, help=f"beam size (1: greedy; default {BEAM}, as the paper)")
     p.add_argument("--alpha", type=float, default=ALPHA, help=f"length penalty (default {ALPHA}, as the paper)")
     p.add_argument("--nbest", type=int, default=1, help="print the N best translations, tab-separated with scores")
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
     p = ev.add_parser("mt", help="BLEU and chrF (sacreBLEU) of a run on a split, or of any two files",
                       description="Score translations with sacreBLEU (cased, 13a) and chrF. Either --run DIR "
                                   "--split test, or --run DIR --src FILE --ref FILE, or --hyp FILE --ref FILE.")
-    p.add_argument("--run", help="run directory to translate with")
+    p.add_argument("--run", "--run-dir", help="run directory to translate with")
     p.add_argument("--split", help="train, valid or test (the run's own splits), or any split of its corpus "
                                    "(e.g. test2016); default: test")
     p.add_argument("--src", help="a source file to translate and score (with --run and --ref)")
@@ -76,7 +76,7 @@ def register(subparsers) -> None:
                               description="Train on the embedded Chinese-English demo corpus (no files, no network), "
                                           "print the test BLEU, translate unseen sentences and draw the "
                                           "cross-attention of the seed sentence.")
-    p.add_argument("--run", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
+    p.add_argument("--run", "--run-dir", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
     p.add_argument("--seed", type=int, default=None, help="training seed (default: the demo config's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="demo recipe overrides, e.g. train.steps=200")
     p.set_defaults(func=cmd_demo)

@@ -20,6 +20,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from qkv.io import to_device
+
 Example = tuple[Sequence[int], Sequence[int]]  # (source ids, target ids), neither with <bos>/<eos>
 
 
@@ -54,9 +56,20 @@ class Batch:
         """Share of the cells of ``src`` and ``tgt_in`` that are padding."""
         return 1.0 - (self.src_tokens + self.tgt_tokens) / max(self.padded_tokens, 1)
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.indices,
-                     self.src_tokens, self.tgt_tokens, self.padded_tokens)
+    def to(self, device: torch.device) -> Batch:
+        return Batch(to_device(self.src, device), to_device(self.tgt_in, device), to_device(self.tgt_out, device),
+                     self.indices, self.src_tokens, self.tgt_tokens, self.padded_tokens)
+
+    def rows(self, rows: slice, pad_id: int) -> Batch:
+        """The pairs ``rows`` of this batch (a data-parallel rank's block), without the padding columns they
+        no longer need."""
+        src, tgt_in, tgt_out = self.src[rows], self.tgt_in[rows], self.tgt_out[rows]
+        src_real, tgt_real = src != pad_id, tgt_out != pad_id  # (b, S), (b, T)
+        s = int(src_real.sum(1).max()) if len(src) else 0
+        t = int(tgt_real.sum(1).max()) if len(src) else 0
+        src, tgt_in, tgt_out = src[:, :s], tgt_in[:, :t], tgt_out[:, :t]
+        return Batch(src, tgt_in, tgt_out, self.indices[rows], int(src_real.sum()), int(tgt_real.sum()),
+                     src.numel() + tgt_in.numel())
 
 
 def collate(examples: Sequence[Example], pad_id: int, bos_id: int, eos_id: int,
@@ -194,18 +207,17 @@ class BatchStream:
         max_tokens: token budget per batch (see :func:`token_budget_batches`).
         pad_id, bos_id, eos_id: special ids.
         seed: shuffling seed.
-        rank, world_size: data-parallel position; each rank gets its own share of every epoch.
         bucketed: length bucketing (see :func:`token_budget_batches`).
         src_eos: end sources with ``<eos>`` (see :func:`collate`).
     """
 
     def __init__(self, examples: Sequence[Example], max_tokens: int, pad_id: int, bos_id: int, eos_id: int,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, bucketed: bool = True,
+                 seed: int = 0, bucketed: bool = True,
                  src_eos: bool = True, max_sentences: int | None = None) -> None:
         if not examples:
             raise ValueError("BatchStream: no training examples")
         self.examples = examples
-        self.max_tokens, self.seed, self.rank, self.world_size = max_tokens, seed, rank, world_size
+        self.max_tokens, self.seed = max_tokens, seed
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.bucketed, self.src_eos, self.max_sentences = bucketed, src_eos, max_sentences
         self.src_lengths = [len(s) + int(src_eos) for s, _ in examples]
@@ -214,15 +226,8 @@ class BatchStream:
         self._batches = self._epoch_batches(0)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        batches = token_budget_batches(self.src_lengths, self.tgt_lengths, self.max_tokens, self.seed, epoch,
-                                       bucketed=self.bucketed, max_sentences=self.max_sentences)
-        mine = shard(batches, self.rank, self.world_size)
-        if not mine:
-            raise ValueError(
-                f"BatchStream: {len(batches)} batches cannot be shared by {self.world_size} ranks; "
-                "lower max_tokens or use fewer ranks"
-            )
-        return mine
+        return token_budget_batches(self.src_lengths, self.tgt_lengths, self.max_tokens, self.seed, epoch,
+                                    bucketed=self.bucketed, max_sentences=self.max_sentences)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -268,5 +273,5 @@ def eval_batches(examples: Sequence[Example], max_tokens: int, pad_id: int, bos_
 
 
 __all__ = [
-    "Batch", "BatchStream", "collate", "token_budget_batches", "shard", "padding_fraction", "eval_batches",
+    "Batch", "BatchStream", "collate", "token_budget_batches", "padding_fraction", "eval_batches",
 ]

@@ -9,6 +9,8 @@ Perplexity is exp(mean next-token negative log-likelihood, in nats). Two estimat
   call sees the same windows, so successive values are comparable.
 
 Both predict each token from the tokens before it inside its window, so they agree in expectation.
+Given the ranks of a data-parallel run (``ranks``), each rank scores every ``world_size``-th window or
+batch and the sums are added over the ranks: every rank returns the value one process would.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 
 from qkv.data.lm import windows_at
 from qkv.io import autocast, evaluating, model_device
+from qkv.parallel import SINGLE, Ranks
 
 
 def evaluate_tokens(
@@ -32,6 +35,7 @@ def evaluate_tokens(
     batch_size: int = 32,
     max_windows: int | None = None,
     autocast_dtype: torch.dtype | None = None,
+    ranks: Ranks = SINGLE,
 ) -> dict[str, Any]:
     """Mean next-token NLL over ``tokens`` in non-overlapping windows of ``context`` predictions.
 
@@ -42,6 +46,7 @@ def evaluate_tokens(
         batch_size: Windows per forward pass.
         max_windows: Stop after this many windows (None: the whole array).
         autocast_dtype: bf16 on CUDA, None for fp32.
+        ranks: The ranks that share the windows (each scores every ``world_size``-th).
 
     Returns:
         ``{"loss": nats per token, "ppl": exp(loss), "tokens": tokens scored}``.
@@ -52,6 +57,7 @@ def evaluate_tokens(
     starts = list(range(0, len(tokens) - 1, context))
     if max_windows is not None:
         starts = starts[:max_windows]
+    starts = [starts[i] for i in ranks.share(len(starts))]
     total, count = 0.0, 0
     with evaluating(model):
         # Full windows in batches; the last, shorter window (if any) on its own.
@@ -70,8 +76,10 @@ def evaluate_tokens(
                 logits = model(x.to(device))
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
+    device_sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+    total, count = (float(v) for v in ranks.sum(device_sums))
     loss = total / count
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
 
 
 def estimate_loss(
@@ -82,11 +90,13 @@ def estimate_loss(
     iters: int,
     seed: int = 0,
     autocast_dtype: torch.dtype | None = None,
+    ranks: Ranks = SINGLE,
 ) -> float:
     """nanoGPT's estimate: the mean loss of ``iters`` batches of random windows, drawn with ``seed``.
 
     The windows come from a private generator, so calling this never moves the training sampler or the
-    global RNG (a run evaluated more or less often still trains on the same batches).
+    global RNG (a run evaluated more or less often still trains on the same batches). With ``ranks``,
+    every rank draws all ``iters`` batches' windows and scores every ``world_size``-th batch.
     """
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
@@ -95,11 +105,15 @@ def estimate_loss(
         raise ValueError(f"{len(tokens)} tokens hold no window of context {context} + 1")
     device = model_device(model)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
+    mine = set(ranks.share(iters))
+    total = 0.0
     with evaluating(model):
-        for _ in range(iters):
-            x, y = windows_at(tokens, torch.randint(high, (batch_size,), generator=gen), context)
+        for i in range(iters):
+            starts = torch.randint(high, (batch_size,), generator=gen)  # (B,): drawn by every rank, in order
+            if i not in mine:
+                continue
+            x, y = windows_at(tokens, starts, context)
             with autocast(device, autocast_dtype):
                 logits = model(x.to(device))
-            losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).item())
-    return sum(losses) / len(losses)
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten()).item()
+    return ranks.mean_of(total, len(mine), device)

@@ -37,10 +37,12 @@ from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import atomic_path, autocast, evaluating, model_device, write_json
+from qkv.io import atomic_path, autocast, evaluating, model_device, to_device, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run
+from qkv.parallel import SINGLE, Ranks
+from qkv.training.distributed import synced
 from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
@@ -136,6 +138,7 @@ def mixed_loss(
     pretrain_batch: tuple[Tensor, Tensor] | None,
     mix: float,
     amp: torch.dtype | None = None,
+    task_share: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """L = L_task + lambda * L_pretrain.
 
@@ -145,42 +148,47 @@ def mixed_loss(
         pretrain_batch: ``(x, y)`` windows of the pretraining corpus, or None when ``mix == 0``.
         mix: lambda.
         amp: Autocast dtype (bf16 on CUDA) or None.
+        task_share: The weight of the task loss in ``total``: a data-parallel rank's share of the
+            batch's response tokens, times the number of ranks (1 for one process).
 
     Returns:
         ``(total, task, pretrain)``; ``pretrain`` is None when no pretraining batch was given, and then
         ``total`` is exactly ``task``.
     """
     device = next(model.parameters()).device
-    x, y, mask = (t.to(device) for t in task_batch)
+    x, y, mask = (to_device(t, device) for t in task_batch)
     with autocast(device, amp):
         logits = model(x)  # (B, T, V)
     task = masked_nll(logits.float(), y, mask).loss
     if pretrain_batch is None or mix == 0:
-        return task, task, None
-    px, py = (t.to(device) for t in pretrain_batch)
+        return task * task_share, task, None
+    px, py = (to_device(t, device) for t in pretrain_batch)
     with autocast(device, amp):
         plogits = model(px)  # (B, T, V)
     pretrain = F.cross_entropy(plogits.float().flatten(0, 1), py.flatten())
-    return task + mix * pretrain, task, pretrain
+    return task * task_share + mix * pretrain, task, pretrain
 
 
 def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 32,
-                  amp: torch.dtype | None = None) -> dict[str, float]:
-    """Response-only NLL over every example (token-weighted mean) and its perplexity."""
+                  amp: torch.dtype | None = None, ranks: Ranks = SINGLE) -> dict[str, float]:
+    """Response-only NLL over every example (token-weighted mean) and its perplexity; with ``ranks``, each
+    rank scores every ``world_size``-th batch and the sums are added."""
     device = model_device(model)
     total, count = 0.0, 0
     with evaluating(model):
         # Sorted by length so each batch pads little.
         order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
-        for i in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        for i in (starts[k] for k in ranks.share(len(starts))):
             x, y, mask = (t.to(device) for t in collate([examples[j] for j in order[i:i + batch_size]], pad_id))
             with autocast(device, amp):
                 logits = model(x)
             out = masked_nll(logits.float(), y, mask)
             total += out.nll.item() * int(out.n_tokens)
             count += int(out.n_tokens)
+    total, count = (float(v) for v in ranks.sum(torch.tensor([total, count], dtype=torch.float64, device=device)))
     loss = total / max(count, 1)
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
 
 
 def finetune(
@@ -220,17 +228,26 @@ def finetune(
     """
     base_run, out_dir = Path(base_run), Path(out_dir)
     runtime = start(cfg)
-    device, amp = runtime.device, runtime.amp
+    device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
     recipe = load_run_recipe(base_run)
     context = recipe.context
     if out_dir.resolve() == base_run.resolve():
         raise ValueError("--out must differ from the base --run (the base weights would be overwritten)")
     base = Run(base_run)
     tokenizer = base.tokenizer()
-    Run(out_dir).prepare(resume, overwrite)
-    tokenizer.save(out_dir)
-    save_json(recipe, out_dir / CONFIG_FILE)
-    write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)})
+    pretrain_bs = cfg.pretrain_batch_size or cfg.batch_size
+    for name, size in (("batch_size", cfg.batch_size), ("pretrain_batch_size", pretrain_bs)):
+        if size % ranks.world_size:
+            raise ConfigError(f"train.{name}={size} does not divide over {ranks.world_size} ranks: make it a "
+                              "multiple of the number of processes")
+
+    def prepare() -> None:  # the main rank writes the run directory; any others wait
+        Run(out_dir).prepare(resume, overwrite)
+        tokenizer.save(out_dir)
+        save_json(recipe, out_dir / CONFIG_FILE)
+        write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)})
+
+    ranks.main_first(prepare)
 
     # Data: the task examples, and the base run's pretraining tokens for the mixed loss and for
     # measuring forgetting.
@@ -244,7 +261,6 @@ def finetune(
                                 "pretraining loss (re-run `qkv train lm` or copy the file)")
     pretrain = LMData.from_tokens(load_tokens(tokens), recipe.data.valid_fraction, seed=cfg.seed + 1)
     sampler = PairSampler(train_examples, cfg.batch_size, pad_id, seed=cfg.seed)
-    pretrain_bs = cfg.pretrain_batch_size or cfg.batch_size
 
     # Model: the base weights only (a fresh optimizer and schedule), then adapters if LoRA. The seed
     # is set again here so that the adapters' initialization does not depend on what was read before.
@@ -254,23 +270,25 @@ def finetune(
     if cfg.lora_rank:
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha or None, cfg.lora_targets, cfg.lora_dropout)
     optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
 
     def evaluate(full: bool) -> dict[str, float]:
         out: dict[str, float] = {}
         examples = valid_examples if full else eval_examples
         if examples:
-            out["task_loss"] = evaluate_task(model, examples, pad_id, cfg.batch_size * 2, amp)["loss"]
+            out["task_loss"] = evaluate_task(model, examples, pad_id, cfg.batch_size * 2, amp, ranks)["loss"]
         if full:
-            out["pretrain_loss"] = evaluate_tokens(model, pretrain.valid, context, 32, autocast_dtype=amp)["loss"]
+            out["pretrain_loss"] = evaluate_tokens(model, pretrain.valid, context, 32, autocast_dtype=amp,
+                                                   ranks=ranks)["loss"]
         else:
             out["pretrain_loss"] = estimate_loss(model, pretrain.valid, context, pretrain_bs, cfg.eval_iters,
-                                                 seed=1001, autocast_dtype=amp)
+                                                 seed=1001, autocast_dtype=amp, ranks=ranks)
         return out
 
     state = LoopState()
     metrics = MetricsLogger(out_dir, enabled=runtime.is_main)
     if resume:
-        saved = resume_state(out_dir, model, optimizer, state, task_data=sampler, pretrain_data=pretrain)
+        saved = resume_state(out_dir, model, optimizer, state, runtime, task_data=sampler, pretrain_data=pretrain)
         before = {k: float(v) for k, v in saved["before"].items()}
     else:
         before = evaluate(full=True)
@@ -296,17 +314,30 @@ def finetune(
             step = cadence.begin_step()
             lr = cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps)
             set_lr(optimizer, lr)
-            sums = torch.zeros(3, device=device)  # total, task, pretrain
-            for _ in range(cfg.accumulate):
-                pre_batch = pretrain.get_batch("train", pretrain_bs, context) if cfg.mix > 0 else None
-                total, task, pre = mixed_loss(model, sampler.next(), pre_batch, cfg.mix, amp)
-                (total / cfg.accumulate).backward()
+            # Each rank trains on its block of every batch's rows. Its task loss is weighted by its share
+            # of the batch's response tokens (times the ranks: DDP averages), so the update is the one
+            # one process makes on the whole batch; pretraining windows all weigh the same.
+            sums = torch.zeros(2, device=device)  # task, pretrain: this rank's part of the step's means
+            for i in range(cfg.accumulate):
+                x, y, mask = sampler.next()  # (B, T) each, the whole batch on every rank
+                rows = ranks.rows(len(x))
+                share = float(mask[rows].sum()) / max(float(mask.sum()), 1.0) * ranks.world_size
+                pre_batch = None
+                if cfg.mix > 0:
+                    px, py = pretrain.get_batch("train", pretrain_bs, context)
+                    pre_rows = ranks.rows(pretrain_bs)
+                    pre_batch = (px[pre_rows], py[pre_rows])
+                with synced(wrapped, last=i == cfg.accumulate - 1):
+                    total, task, pre = mixed_loss(wrapped, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
+                                                  task_share=share)
+                    (total / cfg.accumulate).backward()
                 pre = pre.detach() if pre is not None else torch.zeros((), device=device)
-                sums += torch.stack([total.detach(), task.detach(), pre]) / cfg.accumulate
-            loss_value = optimizer_step(optimizer, sums[0], step, cfg.clip_norm,
+                sums += torch.stack([task.detach() * share, pre]) / (cfg.accumulate * ranks.world_size)
+            task_sum, pre_sum = ranks.sum(sums)  # the whole step's task and pretraining losses
+            loss_value = optimizer_step(optimizer, task_sum + cfg.mix * pre_sum, step, cfg.clip_norm,
                                         (p for p in model.parameters() if p.requires_grad))
             cadence.end_step()
-            task_value, pre_value = sums[1].item(), sums[2].item()
+            task_value, pre_value = task_sum.item(), pre_sum.item()
             result.losses.append(loss_value)
             result.task_losses.append(task_value)
             result.pretrain_losses.append(pre_value)
@@ -345,7 +376,7 @@ def finetune(
         progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
                        + f" ({result.train_seconds:.0f} s)")
     metrics.close()
-    if plot:
+    if plot and runtime.is_main:
         try:
             plot_curves(out_dir / "metrics.jsonl", out_dir / CURVES_FILE)
         except (ValueError, ImportError):

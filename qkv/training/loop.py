@@ -10,8 +10,8 @@ these, so they agree by construction:
   ``device``, ``dtype``, ``threads``, ``max_minutes``). A job changes a default only where its recipe
   differs (a GPT warms up for 100 steps, the paper's Transformer for 4,000).
 - :func:`start`: threads, seeds, the device and the precision, into a :class:`Runtime`. The runtime
-  also says which process of a group this is (one process: rank 0 of 1): data-parallel training
-  passes a process group there instead of rewriting the trainers.
+  also says which process of a group this is (one process: rank 0 of 1; under torchrun it joins the
+  group, see :mod:`qkv.training.distributed`), and wraps the model for data-parallel training.
 - :func:`optimizer_step`: the one update of every recipe. Before it touches the weights it checks
   that the loss and the gradient norm are finite, at every step: a NaN never reaches the weights, so
   it never reaches a checkpoint.
@@ -33,13 +33,14 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from qkv.config import ConfigError
 from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, resolve_device
+from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
-from qkv.training.checkpoint import load_checkpoint, save_checkpoint
+from qkv.training import distributed
+from qkv.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.training.logging import NonFiniteLossError, check_finite
 from qkv.weights import save_weights
 
@@ -91,7 +92,7 @@ class LoopConfig:
 
 @dataclass(frozen=True)
 class Runtime:
-    """Where and how a run computes: its device, its autocast dtype (None: fp32), and its place in a group.
+    """Where and how a run computes: its device, its autocast dtype (None: fp32), and its place among the ranks.
 
     One process is rank 0 of 1. Only the main process writes the run directory (metrics, checkpoints,
     exports, plots); every process reads the same checkpoint on resume.
@@ -99,36 +100,63 @@ class Runtime:
 
     device: torch.device
     amp: torch.dtype | None = None
-    rank: int = 0
-    world_size: int = 1
-    group: Any = None  # the torch.distributed process group of data-parallel training; None: one process
+    ranks: Ranks = SINGLE
+    seed: int = 0
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks.world_size
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.ranks.is_main
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module a training step calls: ``model`` itself, or ``model`` in DDP when there are several ranks.
+
+        From here on each rank draws its own dropout masks (rank r reseeds with ``seed + r``; rank 0
+        keeps the stream a single process would have). Evaluations and checkpoints use ``model``.
+        """
+        if self.ranks.group is None:
+            return model
+        wrapped = distributed.wrap(model, self.ranks.group, self.device)
+        if self.rank > 0:
+            torch.manual_seed(self.seed + self.rank)
+        return wrapped
 
 
 def start(cfg: LoopConfig, group: Any = None) -> Runtime:
     """Set the threads and seed every generator (torch, Python, NumPy) from ``cfg``; resolve device and precision.
 
+    Under torchrun the process joins its group here (gloo on CPUs, nccl on GPUs) and takes its own GPU.
+    On CUDA, float32 matrix products may use TF32 (as the bf16 autocast, a precision for speed).
+
     Args:
         cfg: The recipe's ``train:`` section.
-        group: A ``torch.distributed`` process group the run is one rank of (None: a single process).
+        group: A ``torch.distributed`` process group the run is one rank of (None: the one torchrun
+            describes, if it started this process; else a single process).
 
     Raises:
-        DeviceError: ``cfg.device`` is not there (``cuda`` on a machine without CUDA).
+        DeviceError: ``cfg.device`` is not there (``cuda`` on a machine without CUDA), or the
+            distributed backend it needs is missing.
         ValueError: bf16 asked for on a CPU.
     """
-    device = resolve_device(cfg.device)
+    device = distributed.local_device(resolve_device(cfg.device))
     amp = autocast_dtype(cfg.dtype, device)
+    if group is None:
+        group = distributed.join(device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    if group is None:
-        return Runtime(device, amp)
-    return Runtime(device, amp, dist.get_rank(group), dist.get_world_size(group), group)
+    return Runtime(device, amp, Ranks(group), cfg.seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,20 +296,27 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
     """Write the ``last`` checkpoint: weights, optimizer, RNGs, ``state``, each data stream's ``state_dict()``
     and the recipe's own ``extra`` values (numbers, strings, tensors).
 
-    Only the main process writes; weights that are not finite are never written.
+    Every rank calls it (each one's random state is kept, for its own dropout); only the main process
+    writes. Weights that are not finite are never written.
     """
+    _check_weights_finite(model, "checkpoint")  # the same weights on every rank: they all stop, or none
+    ranks_rng = runtime.ranks.collect([capture_rng_state()], runtime.world_size) if runtime.world_size > 1 else None
     if not runtime.is_main:
         return
-    _check_weights_finite(model, "checkpoint")
     save_checkpoint(run_dir, LAST, model, optimizer, {
         **(extra or {}), "loop": state.state_dict(), **{name: stream.state_dict() for name, stream in streams.items()},
+        **({"rng_ranks": ranks_rng} if ranks_rng else {}),
     })
 
 
 def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
-                 **streams: Any) -> dict[str, Any]:
+                 runtime: Runtime | None = None, **streams: Any) -> dict[str, Any]:
     """Load the ``last`` checkpoint into ``model``, ``optimizer``, ``state`` and each stream; return the whole
-    saved state (for what a recipe kept of its own)."""
+    saved state (for what a recipe kept of its own).
+
+    Each rank takes back its own random state when the checkpoint was written by as many ranks; else
+    rank 0's, and ranks above reseed by rank and step.
+    """
     saved = load_checkpoint(run_dir, LAST, model, optimizer)
     if "loop" not in saved:  # a checkpoint written before the trainers shared this loop
         best = saved.get("best_valid", saved.get("best"))
@@ -290,6 +325,12 @@ def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.O
     state.load_state_dict(saved["loop"])
     for name, stream in streams.items():
         stream.load_state_dict(saved[name])
+    if runtime is not None and runtime.rank > 0:
+        per_rank = saved.get("rng_ranks")
+        if per_rank and len(per_rank) == runtime.world_size:
+            restore_rng_state(per_rank[runtime.rank])
+        else:
+            torch.manual_seed(runtime.seed + runtime.rank + 1_000_003 * state.step)
     return saved
 
 

@@ -28,13 +28,14 @@ import torch.nn.functional as F
 
 from qkv.config import ConfigError, load_recipe, save_json
 from qkv.data.corpora import get_corpus, read_parallel, read_text
-from qkv.data.lm import TOKENS_FILE, LMData, tokenize_to_file
+from qkv.data.lm import TOKENS_FILE, LMData, load_tokens, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import autocast, read_text_file
+from qkv.io import autocast, read_text_file, to_device
 from qkv.models.gpt import GPT
 from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
+from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import Cadence, LoopState, export, optimizer_step, resume_state, save_state, start
@@ -154,30 +155,34 @@ def train_lm(
     run_dir = Path(run_dir)
     tc = recipe.train
     runtime = start(tc)
-    device, amp = runtime.device, runtime.amp
+    device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
     context = recipe.context
+    if tc.batch_size % ranks.world_size:
+        raise ConfigError(f"train.batch_size={tc.batch_size} does not divide over {ranks.world_size} ranks (every "
+                          "rank takes as many windows): make it a multiple of the number of processes")
     if tc.decay_end <= tc.warmup:
         raise ConfigError(f"train: the cosine decay must end after warmup (train.decay_steps or train.steps "
                           f"{tc.decay_end} <= warmup {tc.warmup})")
     if resume and init_from:
         raise ValueError("--resume continues this run; --init-from starts a new one from other weights: pick one")
 
-    # 1. Tokenizer: reloaded when resuming, taken from the source run with --init-from, else built.
-    Run(run_dir).prepare(resume, overwrite)
-    if resume:
+    # 1. Tokenizer: reloaded when resuming, taken from the source run with --init-from, else built;
+    # 2. data: tokenized once into RUN/tokens.bin (reused while text and tokenizer are unchanged).
+    # The main rank writes the run directory while any others wait; then every rank reads it.
+    def prepare() -> None:
+        Run(run_dir).prepare(resume, overwrite)
+        if not resume:
+            tokenizer = Run(init_from).tokenizer() if init_from else build_tokenizer(
+                recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
+            tokenizer.save(run_dir)
         tokenizer = load_tokenizer(run_dir)
-    else:
-        if init_from:
-            tokenizer = Run(init_from).tokenizer()
-        else:
-            tokenizer = build_tokenizer(recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
-        tokenizer.save(run_dir)
-    recipe = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
-    save_json(recipe, run_dir / CONFIG_FILE)
+        save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)), run_dir / CONFIG_FILE)
+        tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
 
-    # 2. Data: tokenized once into RUN/tokens.bin (reused while text and tokenizer are unchanged).
-    tokens = tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
-    data = LMData.from_tokens(tokens, recipe.data.valid_fraction, seed=tc.seed)
+    ranks.main_first(prepare)
+    tokenizer = load_tokenizer(run_dir)
+    recipe = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
+    data = LMData.from_tokens(load_tokens(run_dir / TOKENS_FILE), recipe.data.valid_fraction, seed=tc.seed)
     data.check_context(context)
 
     # 3. Model and optimizer. The seed (set by start) fixes the initial weights and the dropout masks.
@@ -185,10 +190,11 @@ def train_lm(
     if init_from:
         load_weights(Run(init_from).weights_path(), model)
     optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
+    wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
     state = LoopState()
     if resume:
-        resume_state(run_dir, model, optimizer, state, data=data)
-    forward = torch.compile(model) if tc.compile else model
+        resume_state(run_dir, model, optimizer, state, runtime, data=data)
+    forward = torch.compile(wrapped) if tc.compile else wrapped
 
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     cadence = Cadence(tc, state)
@@ -200,6 +206,7 @@ def train_lm(
         progress.write(f"run {run_dir}: {n_params / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
                        f"{len(data.train):,} train / {len(data.valid):,} valid tokens, context {context}, "
                        f"device {device}{' bf16' if amp else ' fp32'}"
+                       + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
                        + (f", resuming at step {state.step}" if resume else ""))
     result = TrainResult(run_dir, state.step, best_valid=state.best)
     tokens_per_step = tc.batch_size * context * tc.accumulate
@@ -207,7 +214,7 @@ def train_lm(
     def evaluate() -> dict[str, float]:
         # Fixed seeds: every evaluation scores the same windows, so the curve is not sampling noise.
         return {split: estimate_loss(model, data.split(split), context, tc.batch_size, tc.eval_iters,
-                                     seed=1000 + i, autocast_dtype=amp)
+                                     seed=1000 + i, autocast_dtype=amp, ranks=ranks)
                 for i, split in enumerate(("train", "valid"))}
 
     model.train()
@@ -217,16 +224,21 @@ def train_lm(
             lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_end)
             set_lr(optimizer, lr)
 
-            # Forward and backward over `accumulate` micro-batches; the loss is their mean.
+            # Forward and backward over `accumulate` micro-batches; the loss is their mean. Each rank
+            # trains on its block of every batch's windows; all windows weigh the same, so DDP's mean
+            # of the ranks' gradients is the gradient of the whole batch.
             loss_sum = torch.zeros((), device=device)
-            for _ in range(tc.accumulate):
+            for i in range(tc.accumulate):
                 x, y = data.get_batch("train", tc.batch_size, context)  # (B, T) each
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with autocast(device, amp):
-                    logits = forward(x)  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
-                loss.backward()
+                rows = ranks.rows(tc.batch_size)
+                x, y = to_device(x[rows], device), to_device(y[rows], device)  # (B / ranks, T) each
+                with synced(wrapped, last=i == tc.accumulate - 1):
+                    with autocast(device, amp):
+                        logits = forward(x)  # (B / ranks, T, V)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
+                    loss.backward()
                 loss_sum += loss.detach()
+            loss_sum = ranks.sum(loss_sum) / ranks.world_size  # the whole batch's loss, on every rank
             loss_value = optimizer_step(optimizer, loss_sum, step, tc.clip_norm, model.parameters())
             cadence.end_step()
             result.losses.append(loss_value)
@@ -253,17 +265,19 @@ def train_lm(
     step = state.step
     if cadence.last:
         # The export: the best weights (or the last), and a full pass over the validation split.
+        ranks.barrier()  # the main rank's best.safetensors is complete before any rank reads it
         if tc.keep_best and (run_dir / BEST_WEIGHTS_NAME).is_file():
             load_weights(run_dir / BEST_WEIGHTS_NAME, model)
         export(run_dir, model, runtime, step=step)
-        result.final = evaluate_tokens(model, data.valid, context, batch_size=tc.batch_size, autocast_dtype=amp)
+        result.final = evaluate_tokens(model, data.valid, context, batch_size=tc.batch_size, autocast_dtype=amp,
+                                       ranks=ranks)
         metrics.log(step, "valid_full", loss=result.final["loss"], ppl=result.final["ppl"],
                     train_seconds=result.train_seconds)
         if not quiet:
             progress.write(f"done: {step} steps in {result.train_seconds:.0f} s; valid loss (full pass) "
                            f"{result.final['loss']:.4f}, perplexity {result.final['ppl']:.2f}")
     metrics.close()
-    if not plot:
+    if not plot or not runtime.is_main:
         return result
     try:
         plot_curves(run_dir / "metrics.jsonl", run_dir / CURVES_FILE)

@@ -38,12 +38,14 @@ from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, loa
 from qkv.evaluation.bleu import score
 from qkv.generation.api import Translator
 from qkv.io import autocast, evaluating, write_json
+from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (
     BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
 )
 from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
+from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
 from qkv.training.losses import label_smoothed_nll
@@ -130,13 +132,16 @@ def learning_rate(cfg: MTRecipe, step: int) -> float:
     return noam_lr(step, cfg.model.d_model, tc.warmup, tc.lr_factor)
 
 
-def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device) -> dict[str, float]:
-    """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing)."""
+def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device,
+                    ranks: Ranks = SINGLE) -> dict[str, float]:
+    """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing);
+    with ``ranks``, each rank scores every ``world_size``-th batch and the sums are added."""
     loss_sum = nll_sum = 0.0
     n = 0
+    batches = list(eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id))
     with evaluating(model):
-        for batch in eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id):
-            batch = batch.to(device)
+        for i in ranks.share(len(batches)):
+            batch = batches[i].to(device)
             keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
             out = label_smoothed_nll(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], smoothing,
                                      ignore_index=tok.pad_id)
@@ -144,14 +149,21 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
             loss_sum += float(out.loss) * k
             nll_sum += float(out.nll) * k
             n += k
+    loss_sum, nll_sum, n = (float(v) for v in ranks.sum(torch.tensor([loss_sum, nll_sum, n], dtype=torch.float64,
+                                                                         device=device)))
     return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
 
 
 def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = ALPHA,
-                        max_tokens: int = MAX_TOKENS) -> tuple[dict[str, Any], list[str]]:
-    """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept."""
+                        max_tokens: int = MAX_TOKENS, ranks: Ranks = SINGLE) -> tuple[dict[str, Any], list[str]]:
+    """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept.
+
+    With ``ranks``, each rank translates every ``world_size``-th sentence and every rank scores them all.
+    """
+    mine = [src[i] for i in ranks.share(len(src))]
     with evaluating(model):
-        hyps = Translator(model, tok, max_tokens=max_tokens).translate(src, beam=beam, alpha=alpha, truncate=True)
+        hyps = Translator(model, tok, max_tokens=max_tokens).translate(mine, beam=beam, alpha=alpha, truncate=True)
+    hyps = ranks.collect(hyps, len(src))
     return score(hyps, ref), hyps
 
 
@@ -170,25 +182,30 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     run_dir = Path(run_dir)
     tc = cfg.train
     runtime = start(tc)
-    device, amp = runtime.device, runtime.amp
-    Run(run_dir).prepare(resume, overwrite)
-    log = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
+    log = (lambda *a: None) if quiet or not ranks.is_main else (lambda msg: print(msg, file=sys.stderr, flush=True))
 
-    # 1. Data and the joint BPE vocabulary, learned on the training pairs only (Section 5.1).
+    # 1. Data and the joint BPE vocabulary, learned on the training pairs only (Section 5.1). The main
+    #    rank prepares the run directory and the tokenizer while any others wait; then all read them.
     d = cfg.data
     train_src, train_tgt = load_split(d, d.train)
     valid_src, valid_tgt = load_split(d, d.valid)
-    if resume:
-        tok = load_tokenizer(run_dir)
-    else:
-        tok = train_joint_bpe(train_src, train_tgt, d.vocab_size)
-        tok.save(run_dir)
-    # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
-    cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
     if cfg.model.max_len < max(d.max_src_len, d.max_tgt_len) + 1:
         raise ConfigError(f"model.max_len={cfg.model.max_len} is too small for data.max_src_len={d.max_src_len} / "
                           f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")
-    save_json(cfg, run_dir / CONFIG_FILE)
+
+    def prepare() -> None:
+        Run(run_dir).prepare(resume, overwrite)
+        if not resume:
+            train_joint_bpe(train_src, train_tgt, d.vocab_size).save(run_dir)
+        tok = load_tokenizer(run_dir)
+        # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
+        save_json(replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)),
+                  run_dir / CONFIG_FILE)
+
+    ranks.main_first(prepare)
+    tok = load_tokenizer(run_dir)
+    cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
     train_examples, dropped = filter_by_length(encode_pairs(tok, train_src, train_tgt), d.max_src_len, d.max_tgt_len)
     # Validation pairs are all kept, except those longer than the model's positions.
     valid_examples, _ = filter_by_length(encode_pairs(tok, valid_src, valid_tgt), cfg.model.max_len - 1,
@@ -206,12 +223,14 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     optimizer = build_adam(model, lr=0.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters (d_model {cfg.model.d_model}, {cfg.model.n_layers}+{cfg.model.decoder_layers} "
-        f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}")
+        f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}"
+        + (f", {ranks.world_size} ranks sharing each batch" if ranks.world_size > 1 else ""))
+    wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
 
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
     state = LoopState()
     if resume:
-        resume_state(run_dir, model, optimizer, state, data=stream)
+        resume_state(run_dir, model, optimizer, state, runtime, data=stream)
         log(f"resumed from {run_dir / 'last.safetensors'} at step {state.step}")
 
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
@@ -224,10 +243,10 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
     def evaluate(step: int) -> dict[str, Any]:
-        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device)
+        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks)
         if sample:
             scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
-                                            tc.eval_beam, tc.test_alpha, d.max_tokens)
+                                            tc.eval_beam, tc.test_alpha, d.max_tokens, ranks)
             values["bleu"], values["chrf"] = scores["bleu"], scores["chrf"]
         metrics.log(step, "valid", **values)
         return values
@@ -238,22 +257,27 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         lr = learning_rate(cfg, step)
         set_lr(optimizer, lr)
         # Gradient accumulation: the update is the mean over all target tokens of the `accumulate`
-        # batches, so each batch's mean loss is weighted by its share of the tokens.
+        # batches, so each batch's mean loss is weighted by its share of the tokens. With several
+        # ranks each trains on its block of every batch's sentences, holding its own number of target
+        # tokens: its share is weighted by the tokens of the whole step, times the number of ranks
+        # because DDP averages the ranks' gradients.
         batches = [next(stream) for _ in range(tc.accumulate)]
-        total_tokens = sum(b.tgt_tokens for b in batches)
-        step_loss = step_nll = 0.0
-        for batch in batches:
-            batch = batch.to(device)
+        total_tokens = sum(b.tgt_tokens for b in batches)  # of the whole step, on every rank
+        step_loss = torch.zeros(2, device=device)  # loss, nll: this rank's part of the step's mean
+        for i, whole in enumerate(batches):
+            batch = whole.rows(ranks.rows(whole.size), tok.pad_id).to(device)
             # All target positions at once (teacher forcing); the vocabulary projection only for the
             # real ones, not the padding.
-            keep = batch.tgt_out != tok.pad_id  # (B, T)
-            with autocast(device, amp):
-                logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
-            out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing, ignore_index=tok.pad_id)
-            weight = batch.tgt_tokens / total_tokens
-            (out.loss * weight).backward()
-            step_loss = step_loss + out.loss.detach() * weight
-            step_nll = step_nll + out.nll * weight
+            keep = batch.tgt_out != tok.pad_id  # (b, T)
+            with synced(wrapped, last=i == len(batches) - 1):
+                with autocast(device, amp):
+                    logits = wrapped(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+                out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing,
+                                         ignore_index=tok.pad_id)
+                weight = batch.tgt_tokens / total_tokens
+                (out.loss * (weight * ranks.world_size)).backward()
+            step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * weight
+        step_loss, step_nll = ranks.sum(step_loss)  # the step's mean over all its target tokens
         loss_value = optimizer_step(optimizer, step_loss, step, tc.clip_norm, model.parameters())
         cadence.end_step()
 
@@ -291,6 +315,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     progress.close()
     step, train_seconds = state.step, state.seconds
     stop_reason = stop_reason or cadence.stop_reason
+    ranks.barrier()  # the main rank's step and best weights are complete before any rank reads them
 
     # 5. The final weights: the average of the last K checkpoints (Section 6.1), the best, or the
     #    last, whichever has the lowest validation NLL.
@@ -308,7 +333,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         if name == "average" and runtime.is_main:  # kept: `--weights average` scores it beside the others
             save_weights(run_dir / "average.safetensors", model,
                          metadata={"step": str(step), "averaged": str(len(steps_saved))})
-        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device)["nll"]
+        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:
             chosen, chosen_nll = name, nll
@@ -326,13 +351,17 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         test_src = []
     if test_src:
         t0 = time.perf_counter()
-        scores, hyps = translate_and_score(model, tok, test_src, test_tgt, tc.test_beam, tc.test_alpha, d.max_tokens)
-        (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        scores, hyps = translate_and_score(model, tok, test_src, test_tgt, tc.test_beam, tc.test_alpha, d.max_tokens,
+                                           ranks)
+        if ranks.is_main:
+            (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
         metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=tc.test_beam)
         summary["test"] = {**scores, "split": d.test, "beam": tc.test_beam,
                            "seconds": round(time.perf_counter() - t0, 1)}
         log(f"test ({d.test}, beam {tc.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
     metrics.close()
+    if not ranks.is_main:
+        return summary
     write_json(run_dir / RESULTS_FILE, summary)
     try:
         plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)

@@ -1,12 +1,13 @@
-"""Token-budget batching: shifted targets, budgets, bucketing, per-epoch reshuffle, sharding, exact resume."""
+"""Token-budget batching: shifted targets, budgets, bucketing, per-epoch reshuffle, a rank's rows, exact resume."""
 
 import random
 
 import pytest
 import torch
 
+from qkv.parallel import block
 from qkv.data.batching import (
-    BatchStream, collate, eval_batches, padding_fraction, shard, token_budget_batches,
+    BatchStream, collate, eval_batches, padding_fraction, token_budget_batches,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -83,14 +84,22 @@ def test_reshuffled_each_epoch_but_reproducible():
     assert e0 != token_budget_batches(s, t, 150, seed=2, epoch=0)
 
 
-def test_shard_gives_disjoint_equal_shares():
-    batches = [[i] for i in range(11)]
-    shares = [shard(batches, r, 3) for r in range(3)]
-    assert [len(x) for x in shares] == [3, 3, 3]
-    flat = [b[0] for share in shares for b in share]
-    assert len(set(flat)) == 9
-    with pytest.raises(ValueError, match="rank"):
-        shard(batches, 3, 3)
+def test_rows_of_ranks_together_are_the_batch_with_less_padding():
+    ex = _examples(n=40)
+    batch = collate(ex[:7], PAD, BOS, EOS, list(range(7)))
+    parts = [batch.rows(block(batch.size, r, 3), PAD) for r in range(3)]
+    assert [p.size for p in parts] == [3, 2, 2]
+    assert sum((p.indices for p in parts), []) == batch.indices
+    assert sum(p.src_tokens for p in parts) == batch.src_tokens
+    assert sum(p.tgt_tokens for p in parts) == batch.tgt_tokens
+    for p, lo in zip(parts, (0, 3, 5)):
+        # Same real tokens; only padding columns are gone, and at least one row still fills each tensor.
+        assert torch.equal(p.src, batch.src[lo:lo + p.size, :p.src.shape[1]])
+        assert (batch.src[lo:lo + p.size, p.src.shape[1]:] == PAD).all()
+        assert (p.src != PAD).sum(1).max() == p.src.shape[1]
+        assert torch.equal(p.tgt_out, batch.tgt_out[lo:lo + p.size, :p.tgt_out.shape[1]])
+    with pytest.raises(ValueError, match="cannot be shared by 8 ranks"):
+        block(batch.size, 0, 8)
 
 
 def test_stream_reports_padding_of_what_it_yields():
@@ -122,16 +131,6 @@ def test_stream_rejects_state_of_other_data():
     b = BatchStream(_examples(n=61), 150, PAD, BOS, EOS, seed=5)
     with pytest.raises(ValueError, match="changed since the checkpoint"):
         b.load_state_dict(a.state_dict())
-
-
-def test_stream_ranks_split_each_epoch():
-    ex = _examples(n=120)
-    r0 = BatchStream(ex, 150, PAD, BOS, EOS, seed=0, rank=0, world_size=2)
-    r1 = BatchStream(ex, 150, PAD, BOS, EOS, seed=0, rank=1, world_size=2)
-    assert r0.batches_per_epoch == r1.batches_per_epoch
-    seen0 = {i for _ in range(r0.batches_per_epoch) for i in next(r0).indices}
-    seen1 = {i for _ in range(r1.batches_per_epoch) for i in next(r1).indices}
-    assert not seen0 & seen1
 
 
 def test_eval_batches_cover_everything_in_order_of_length():

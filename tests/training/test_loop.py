@@ -100,14 +100,6 @@ def test_checkpoints_resume_and_refuse_non_finite_weights(tmp_path):
         assert torch.equal(v, saved[k]), k
 
 
-def test_only_the_main_process_writes(tmp_path):
-    model, opt = _model_and_optimizer()
-    other = Runtime(torch.device("cpu"), rank=1, world_size=2)
-    save_state(tmp_path, model, opt, LoopState(step=1), other)
-    assert export(tmp_path, model, other) is None
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_a_checkpoint_of_the_trainers_before_the_shared_loop_resumes(tmp_path):
     """Checkpoints written before the trainers shared loop.py kept step, best and time at the top level."""
     from qkv.training.checkpoint import save_checkpoint
@@ -122,13 +114,32 @@ def test_a_checkpoint_of_the_trainers_before_the_shared_loop_resumes(tmp_path):
     assert state == LoopState(step=4, seconds=5.0, best=math.inf, bad_evals=1)
 
 
-def test_a_process_group_gives_the_rank(tmp_path, monkeypatch):
+def test_a_launched_process_without_its_backend_gets_one_clear_error(monkeypatch):
     import torch.distributed as dist
 
-    from qkv.training import loop
+    from qkv.io import DeviceError
+    from qkv.training import distributed
 
-    monkeypatch.setattr(dist, "get_rank", lambda group: 1)
-    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
-    runtime = loop.start(LoopConfig(device="cpu"), group="a group")
-    assert (runtime.rank, runtime.world_size, runtime.is_main, runtime.group) == (1, 2, False, "a group")
-    assert loop.start(LoopConfig(device="cpu")).is_main
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "is_backend_available", lambda name: False)
+    with pytest.raises(DeviceError, match="gloo backend is not in this build of torch"):
+        distributed.join(torch.device("cpu"))
+
+
+def test_the_collective_timeout_is_read_from_the_environment(monkeypatch):
+    from qkv.training import distributed
+
+    assert distributed.collective_timeout().total_seconds() == distributed.TIMEOUT_SECONDS
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "2.5")
+    assert distributed.collective_timeout().total_seconds() == 2.5
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="QKV_COLLECTIVE_TIMEOUT='soon'"):
+        distributed.collective_timeout()
+
+
+def test_the_launcher_hands_torchrun_the_command_without_itself():
+    from qkv.training.distributed import without_launcher
+
+    argv = ["train", "lm", "--nproc-per-node", "2", "--run", "r", "--nproc-per-node=4", "x=1"]
+    assert without_launcher(argv) == ["train", "lm", "--run", "r", "x=1"]
