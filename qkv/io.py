@@ -207,7 +207,7 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
 
 # Every command's --device and every recipe's train.device default to this.
 DEVICE_DEFAULT = "auto"
-DTYPES = ("auto", "fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
 def resolve_device(name: str | torch.device | None = DEVICE_DEFAULT) -> torch.device:
@@ -234,14 +234,22 @@ def resolve_device(name: str | torch.device | None = DEVICE_DEFAULT) -> torch.de
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA (``auto`` or ``bf16``); None (fp32) on CPU, where bf16 is 6-100x slower."""
+    """The autocast dtype of ``dtype`` on ``device`` (None: fp32).
+
+    ``auto``: bf16 on a GPU that has it, fp16 (with a gradient scaler in training) on one that does
+    not, fp32 on CPUs, where half precision is 6-100x slower.
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}{did_you_mean(dtype, DTYPES)}")
-    if dtype == "bf16" and device.type != "cuda":
-        raise ValueError("dtype 'bf16' is for CUDA only: CPUs without bf16 units run it 6-100x slower; use fp32")
-    if device.type == "cuda" and dtype in ("auto", "bf16"):
-        return torch.bfloat16
-    return None
+    if dtype in ("bf16", "fp16") and device.type != "cuda":
+        raise ValueError(f"dtype {dtype!r} is for CUDA only: CPUs without half-precision units run it 6-100x "
+                         "slower; use fp32")
+    if device.type != "cuda" or dtype == "fp32":
+        return None
+    has_bf16 = torch.cuda.is_bf16_supported()
+    if dtype == "bf16" and not has_bf16:
+        raise ValueError(f"{torch.cuda.get_device_name(device)} has no bf16: use dtype fp16 (or auto)")
+    return torch.bfloat16 if dtype == "bf16" or (dtype == "auto" and has_bf16) else torch.float16
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

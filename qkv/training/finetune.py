@@ -45,7 +45,7 @@ from qkv.parallel import SINGLE, Ranks
 from qkv.training.distributed import synced
 from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import Cadence, LoopConfig, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
@@ -271,6 +271,7 @@ def finetune(
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha or None, cfg.lora_targets, cfg.lora_dropout)
     optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
+    forward = compiled(wrapped, cfg)
 
     def evaluate(full: bool) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -328,14 +329,14 @@ def finetune(
                     pre_rows = ranks.rows(pretrain_bs)
                     pre_batch = (px[pre_rows], py[pre_rows])
                 with synced(wrapped, last=i == cfg.accumulate - 1):
-                    total, task, pre = mixed_loss(wrapped, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
+                    total, task, pre = mixed_loss(forward, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
                                                   task_share=share)
-                    (total / cfg.accumulate).backward()
+                    runtime.backward(total / cfg.accumulate)
                 pre = pre.detach() if pre is not None else torch.zeros((), device=device)
                 sums += torch.stack([task.detach() * share, pre]) / (cfg.accumulate * ranks.world_size)
             task_sum, pre_sum = ranks.sum(sums)  # the whole step's task and pretraining losses
             loss_value = optimizer_step(optimizer, task_sum + cfg.mix * pre_sum, step, cfg.clip_norm,
-                                        (p for p in model.parameters() if p.requires_grad))
+                                        (p for p in model.parameters() if p.requires_grad), runtime.scaler)
             cadence.end_step()
             task_value, pre_value = task_sum.item(), pre_sum.item()
             result.losses.append(loss_value)

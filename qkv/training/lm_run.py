@@ -73,7 +73,6 @@ class LMTrainConfig(LoopConfig):
         beta1, beta2: AdamW betas (nanoGPT uses 0.99 for beta2 on its small Shakespeare model).
         eval_iters: Batches per loss estimate (every ``eval_every`` steps).
         checkpoint_every: Save ``last`` every this many steps (0: only at evaluations and the end).
-        compile: ``torch.compile`` the model (gains little on CPU; never required).
         keep_best: ``model.safetensors`` gets the weights of the best validation estimate, not the last.
     """
 
@@ -92,7 +91,6 @@ class LMTrainConfig(LoopConfig):
     beta2: float = 0.99
     eval_iters: int = 200
     checkpoint_every: int = 0
-    compile: bool = False
     keep_best: bool = True
 
     def __post_init__(self) -> None:

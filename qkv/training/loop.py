@@ -60,9 +60,12 @@ class LoopConfig:
         log_every: Write a training line to metrics.jsonl every this many steps.
         seed: Seeds the initial weights, dropout and the order of the data.
         device: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
-        dtype: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (CUDA only).
+        dtype: ``auto`` (bf16 autocast on CUDA, fp16 with a gradient scaler on GPUs without bf16, fp32 on
+            CPU), ``fp32``, ``bf16`` or ``fp16`` (CUDA only).
         threads: CPU threads for torch (0: torch's default). On a shared machine 1 can be faster than
             2: a busy core stalls every multi-threaded operation.
+        compile: ``torch.compile`` the training step's model (pays on GPUs; gains little on CPUs; the
+            first steps wait for the compiler).
     """
 
     steps: int = 20000
@@ -76,6 +79,7 @@ class LoopConfig:
     device: str = DEVICE_DEFAULT
     dtype: str = "auto"
     threads: int = 0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "accumulate", "eval_every", "log_every"):
@@ -102,6 +106,7 @@ class Runtime:
     amp: torch.dtype | None = None
     ranks: Ranks = SINGLE
     seed: int = 0
+    scaler: torch.amp.GradScaler | None = None  # fp16 only: scales the loss so small gradients survive
 
     @property
     def rank(self) -> int:
@@ -115,6 +120,10 @@ class Runtime:
     def is_main(self) -> bool:
         return self.ranks.is_main
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, through the gradient scaler when training in fp16."""
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module a training step calls: ``model`` itself, or ``model`` in DDP when there are several ranks.
 
@@ -127,6 +136,11 @@ class Runtime:
         if self.rank > 0:
             torch.manual_seed(self.seed + self.rank)
         return wrapped
+
+
+def compiled(module: nn.Module, cfg: LoopConfig) -> nn.Module:
+    """``module`` through ``torch.compile`` when the recipe asks (``train.compile``), else itself."""
+    return torch.compile(module) if cfg.compile else module
 
 
 def start(cfg: LoopConfig, group: Any = None) -> Runtime:
@@ -156,7 +170,8 @@ def start(cfg: LoopConfig, group: Any = None) -> Runtime:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
-    return Runtime(device, amp, Ranks(group), cfg.seed)
+    scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
+    return Runtime(device, amp, Ranks(group), cfg.seed, scaler)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,8 +179,11 @@ def start(cfg: LoopConfig, group: Any = None) -> Runtime:
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float, step: int, clip_norm: float,
-                   parameters: Iterable[nn.Parameter]) -> float:
+                   parameters: Iterable[nn.Parameter], scaler: torch.amp.GradScaler | None = None) -> float:
     """Clip and apply the gradients accumulated for ``step``, after checking that they are finite.
+
+    With an fp16 gradient ``scaler``, a non-finite gradient is the scale overflowing, not the model
+    diverging: the update is skipped and the scale lowered (as ``GradScaler`` means to be used).
 
     Args:
         optimizer: Its learning rate already set for this step.
@@ -173,6 +191,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
         step: The step number, for the error message.
         clip_norm: Clip the global gradient norm to this (0: no clipping; the norm is still checked).
         parameters: The parameters that train (their gradients are clipped and checked).
+        scaler: The runtime's gradient scaler (fp16 only).
 
     Returns:
         The loss as a float.
@@ -182,8 +201,15 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
     """
     value = check_finite(loss, step)  # before the update: never step on a NaN
     params = [p for p in parameters if p.grad is not None]
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     # The norm is computed either way (it is the finite check); the gradients are scaled only to clip.
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if scaler is not None and not torch.isfinite(norm):
+        scaler.step(optimizer)  # skips the update: unscale_ found the infinities
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return value
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLossError(
@@ -192,7 +218,11 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
             "last checkpoint.")
     if clip_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, clip_norm, norm)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return value
 
@@ -306,6 +336,7 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
     save_checkpoint(run_dir, LAST, model, optimizer, {
         **(extra or {}), "loop": state.state_dict(), **{name: stream.state_dict() for name, stream in streams.items()},
         **({"rng_ranks": ranks_rng} if ranks_rng else {}),
+        **({"grad_scaler": runtime.scaler.state_dict()} if runtime.scaler is not None else {}),
     })
 
 
@@ -325,6 +356,8 @@ def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.O
     state.load_state_dict(saved["loop"])
     for name, stream in streams.items():
         stream.load_state_dict(saved[name])
+    if runtime is not None and runtime.scaler is not None and "grad_scaler" in saved:
+        runtime.scaler.load_state_dict(saved["grad_scaler"])
     if runtime is not None and runtime.rank > 0:
         per_rank = saved.get("rng_ranks")
         if per_rank and len(per_rank) == runtime.world_size:
@@ -342,5 +375,5 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "Runtime", "start", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
+__all__ = ["LoopConfig", "Runtime", "start", "compiled", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
            "export"]

@@ -38,7 +38,7 @@ from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopState, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import Cadence, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
@@ -194,7 +194,7 @@ def train_lm(
     state = LoopState()
     if resume:
         resume_state(run_dir, model, optimizer, state, runtime, data=data)
-    forward = torch.compile(wrapped) if tc.compile else wrapped
+    forward = compiled(wrapped, tc)
 
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     cadence = Cadence(tc, state)
@@ -236,10 +236,10 @@ def train_lm(
                     with autocast(device, amp):
                         logits = forward(x)  # (B / ranks, T, V)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
-                    loss.backward()
+                    runtime.backward(loss)
                 loss_sum += loss.detach()
             loss_sum = ranks.sum(loss_sum) / ranks.world_size  # the whole batch's loss, on every rank
-            loss_value = optimizer_step(optimizer, loss_sum, step, tc.clip_norm, model.parameters())
+            loss_value = optimizer_step(optimizer, loss_sum, step, tc.clip_norm, model.parameters(), runtime.scaler)
             cadence.end_step()
             result.losses.append(loss_value)
 

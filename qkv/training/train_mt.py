@@ -47,7 +47,7 @@ from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
 from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopConfig, LoopState, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import Cadence, LoopConfig, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
 from qkv.training.plots import plot_curves
@@ -133,7 +133,7 @@ def learning_rate(cfg: MTRecipe, step: int) -> float:
 
 
 def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device,
-                    ranks: Ranks = SINGLE) -> dict[str, float]:
+                    ranks: Ranks = SINGLE, amp: torch.dtype | None = None) -> dict[str, float]:
     """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing);
     with ``ranks``, each rank scores every ``world_size``-th batch and the sums are added."""
     loss_sum = nll_sum = 0.0
@@ -143,8 +143,9 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
         for i in ranks.share(len(batches)):
             batch = batches[i].to(device)
             keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
-            out = label_smoothed_nll(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], smoothing,
-                                     ignore_index=tok.pad_id)
+            with autocast(device, amp):
+                logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+            out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], smoothing, ignore_index=tok.pad_id)
             k = int(out.n_tokens)
             loss_sum += float(out.loss) * k
             nll_sum += float(out.nll) * k
@@ -226,6 +227,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         f"layers, {cfg.model.n_heads} heads, d_ff {cfg.model.d_ff}) on {device}"
         + (f", {ranks.world_size} ranks sharing each batch" if ranks.world_size > 1 else ""))
     wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
+    forward = compiled(wrapped, tc)
 
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
     state = LoopState()
@@ -243,7 +245,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
     def evaluate(step: int) -> dict[str, Any]:
-        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks)
+        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)
         if sample:
             scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
                                             tc.eval_beam, tc.test_alpha, d.max_tokens, ranks)
@@ -271,14 +273,14 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
             keep = batch.tgt_out != tok.pad_id  # (b, T)
             with synced(wrapped, last=i == len(batches) - 1):
                 with autocast(device, amp):
-                    logits = wrapped(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+                    logits = forward(batch.src, batch.tgt_in, keep=keep)  # (N, V)
                 out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing,
                                          ignore_index=tok.pad_id)
                 weight = batch.tgt_tokens / total_tokens
-                (out.loss * (weight * ranks.world_size)).backward()
+                runtime.backward(out.loss * (weight * ranks.world_size))
             step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * weight
         step_loss, step_nll = ranks.sum(step_loss)  # the step's mean over all its target tokens
-        loss_value = optimizer_step(optimizer, step_loss, step, tc.clip_norm, model.parameters())
+        loss_value = optimizer_step(optimizer, step_loss, step, tc.clip_norm, model.parameters(), runtime.scaler)
         cadence.end_step()
 
         n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
@@ -333,7 +335,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         if name == "average" and runtime.is_main:  # kept: `--weights average` scores it beside the others
             save_weights(run_dir / "average.safetensors", model,
                          metadata={"step": str(step), "averaged": str(len(steps_saved))})
-        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks)["nll"]
+        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:
             chosen, chosen_nll = name, nll

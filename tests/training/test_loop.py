@@ -46,6 +46,37 @@ def test_optimizer_step_never_applies_a_non_finite_update(what):
         assert torch.equal(v, before[k]), k
 
 
+def test_with_an_fp16_scaler_an_overflow_skips_the_update_and_lowers_the_scale():
+    """fp16 training: an infinite gradient is the loss scale overflowing, so it is skipped, not fatal."""
+    model, opt = _model_and_optimizer()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = model(torch.ones(4, 3)).pow(2).mean()
+    scaler.scale(loss).backward()
+    model.weight.grad[0, 0] = float("inf")
+    optimizer_step(opt, loss.detach(), 3, clip_norm=1.0, parameters=model.parameters(), scaler=scaler)
+    assert scaler.get_scale() == 512.0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # A finite step goes through the scaler: the gradients it scaled are unscaled before the update.
+    (scaled, scaled_opt), (plain, plain_opt) = _model_and_optimizer(), _model_and_optimizer()
+    scaled_scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    loss = scaled(torch.ones(4, 3)).pow(2).mean()
+    scaled_scaler.scale(loss).backward()
+    optimizer_step(scaled_opt, loss.detach(), 1, 0.0, scaled.parameters(), scaled_scaler)
+    optimizer_step(plain_opt, _backward(plain), 1, 0.0, plain.parameters())
+    for a, b in zip(scaled.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_half_precision_is_for_gpus():
+    from qkv.io import autocast_dtype
+
+    assert autocast_dtype("auto", torch.device("cpu")) is None
+    for dtype in ("bf16", "fp16"):
+        with pytest.raises(ValueError, match=f"dtype '{dtype}' is for CUDA only"):
+            autocast_dtype(dtype, torch.device("cpu"))
+
+
 def test_a_nan_evaluation_is_never_the_best():
     state = LoopState()
     assert not state.improve(float("nan")) and state.best == math.inf and state.bad_evals == 1
@@ -71,7 +102,7 @@ def test_cadence_ends_with_an_evaluation_at_the_step_or_time_budget():
 
 
 def test_loop_config_checks_its_knobs():
-    for bad in ({"steps": 0}, {"accumulate": 0}, {"warmup": -1}, {"max_minutes": 0}, {"dtype": "fp16"}):
+    for bad in ({"steps": 0}, {"accumulate": 0}, {"warmup": -1}, {"max_minutes": 0}, {"dtype": "fp8"}):
         with pytest.raises(ConfigError):
             LoopConfig(**bad)
 
