@@ -67,25 +67,33 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def _remove_stale_temps(path: Path) -> None:
-    """Delete temporary files left for ``path`` by processes that were killed mid-write."""
+def left_behind(path: Path) -> list[Path]:
+    """The temporary files of ``path`` that processes killed mid-write left (their writer is gone).
+
+    A kill after a temporary file was complete but before its rename leaves the whole new file there:
+    a reader can finish the write (see ``training.checkpoint``).
+    """
     if os.name != "posix":  # os.kill(pid, 0) is a liveness probe only on POSIX
-        return
+        return []
     pattern = re.compile(re.escape(f".{path.name}.tmp-") + r"(\d+)-[0-9a-f]+$")
+    found = []
     for other in path.parent.glob(f".{path.name}.tmp-*"):
         m = pattern.match(other.name)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        if pid == os.getpid():
+        if not m or int(m.group(1)) == os.getpid():
             continue
         try:
-            os.kill(pid, 0)  # still running: maybe another process writing; leave it
+            os.kill(int(m.group(1)), 0)  # still running: maybe another process writing; leave it
             continue
         except ProcessLookupError:
-            pass
+            found.append(other)
         except (PermissionError, OSError):
             continue
+    return found
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temporary files left for ``path`` by processes that were killed mid-write."""
+    for other in left_behind(path):
         with contextlib.suppress(OSError):
             other.unlink()
 
@@ -284,7 +292,7 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 
 __all__ = [
-    "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "write_text", "write_json",
+    "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
     "decode_utf8", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
     "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

@@ -10,10 +10,12 @@ A checkpoint ``NAME`` in ``run_dir`` is two files:
 
 Every file is written to a temporary name in the same directory, flushed to disk, then renamed over
 the old one with ``os.replace`` (atomic on POSIX and Windows): a kill at any moment leaves either the
-old file or the new one, never half of one. Both files of a checkpoint are written before either is
-renamed, so a failed save leaves the previous checkpoint whole; both carry the same checkpoint id, so a
-kill in the microseconds between the two renames is detected on load instead of resuming new weights
-with an old optimizer.
+old file or the new one, never half of one. Both files of a checkpoint are complete and on disk before
+either is renamed, so a failed save leaves the previous checkpoint whole. Both carry the same
+checkpoint id: a kill in the microseconds between the two renames leaves the new weights beside the
+old state (or the reverse) and the other new file, complete, in its temporary file; loading finds it
+by its id and finishes the save (it says so), so the set is atomic: the old checkpoint or the new
+one, never a mix.
 
 ``--resume`` wants :func:`load_checkpoint` (everything); ``--init-from`` (fine-tuning) wants
 :func:`load_weights` alone, with a fresh optimizer.
@@ -21,6 +23,7 @@ with an old optimizer.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import uuid
@@ -33,7 +36,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from qkv.io import atomic_paths
+from qkv.io import atomic_paths, left_behind
 from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights, unwrap_model
 
 STATE_SUFFIX = ".pt"
@@ -199,10 +202,12 @@ def load_checkpoint(
         )
     tensors, metadata = read_weights(weights_path)
     if metadata.get(_ID_KEY) != trainer_state["checkpoint_id"]:
-        raise CheckpointError(
-            f"{weights_path} and {state_path} belong to different saves (the save was interrupted between "
-            "the two files); resume from an earlier checkpoint"
-        )
+        if not _finish_interrupted_save(weights_path, state_path, metadata.get(_ID_KEY), trainer_state["checkpoint_id"]):
+            raise CheckpointError(
+                f"{weights_path} and {state_path} belong to different saves and the other half of the last save "
+                "is gone; the step_*.safetensors files hold weights only: start a new run from them with "
+                "--init-from, or from scratch")
+        return load_checkpoint(run_dir, name, model, optimizer, restore_rng, strict)
     load_state_dict_into(model, tensors, strict=strict, source=str(weights_path))
     if optimizer is not None:
         if trainer_state["optimizer"] is None:
@@ -214,6 +219,37 @@ def load_checkpoint(
     if restore_rng:
         restore_rng_state(trainer_state["rng"])
     return trainer_state["state"]
+
+
+def _state_id(path: Path) -> str | None:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True).get("checkpoint_id")
+    except Exception:  # a temporary file cut short: not the one that finishes the save
+        return None
+
+
+def _weights_id(path: Path) -> str | None:
+    try:
+        return read_weights(path)[1].get(_ID_KEY)
+    except CheckpointError:
+        return None
+
+
+def _finish_interrupted_save(weights_path: Path, state_path: Path, weights_id: str | None, state_id: str) -> bool:
+    """Rename into place the complete temporary file that a save killed between its two renames left.
+
+    The weights are renamed first, so the usual case is new weights and the new state still in its
+    temporary file; the reverse is handled alike. True if the pair is whole again.
+    """
+    for target, temps, wanted, read_id in ((state_path, left_behind(state_path), weights_id, _state_id),
+                                           (weights_path, left_behind(weights_path), state_id, _weights_id)):
+        for tmp in temps:
+            if wanted is not None and read_id(tmp) == wanted:
+                os.replace(tmp, target)
+                warnings.warn(f"{target}: the last save was interrupted between its two files; finished it from "
+                              f"{tmp.name}", stacklevel=3)
+                return True
+    return False
 
 
 def list_checkpoints(run_dir: str | Path, prefix: str = "") -> list[str]:

@@ -289,7 +289,8 @@ def finetune(
     state = LoopState()
     metrics = MetricsLogger(out_dir, enabled=runtime.is_main)
     if resume:
-        saved = resume_state(out_dir, model, optimizer, state, runtime, task_data=sampler, pretrain_data=pretrain)
+        saved = resume_state(out_dir, model, optimizer, state, runtime, metrics, task_data=sampler,
+                             pretrain_data=pretrain)
         before = {k: float(v) for k, v in saved["before"].items()}
     else:
         before = evaluate(full=True)
@@ -306,8 +307,8 @@ def finetune(
     result = FinetuneResult(out_dir, state.step, before=before)
 
     def checkpoint() -> None:
-        save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, task_data=sampler,
-                   pretrain_data=pretrain)
+        save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, metrics=metrics,
+                   task_data=sampler, pretrain_data=pretrain)
 
     model.train()
     try:

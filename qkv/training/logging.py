@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import torch
 
+from qkv.io import write_text
+
 _RESERVED = ("step", "split", "time", "elapsed")
 
 
@@ -67,7 +69,7 @@ class MetricsLogger:
 
     Args:
         run_dir: The run directory (created if needed). An existing file is appended to, so a resumed
-            run continues the same file.
+            run continues the same file; :meth:`rewind` first cuts it back to the checkpoint's lines.
         filename: File name inside ``run_dir``.
         enabled: False makes every call a no-op (ranks other than 0 in distributed training).
     """
@@ -77,9 +79,23 @@ class MetricsLogger:
         self.enabled = enabled
         self._start = time.time()
         self._file: TextIO | None = None
+        self.lines = 0  # complete lines in the file: what a checkpoint records (see rewind)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_file():
+                self.lines = self.path.read_bytes().count(b"\n")
             self._file = open(self.path, "a", encoding="utf-8")
+
+    def rewind(self, lines: int) -> None:
+        """Keep only the first ``lines`` lines (those a checkpoint saw), so that a resumed run's file equals an
+        uninterrupted run's line for line: what was logged after the checkpoint is logged again."""
+        if self._file is None or lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
+            return
+        self._file.close()
+        kept = self.path.read_bytes().split(b"\n")[:lines]
+        write_text(self.path, b"".join(line + b"\n" for line in kept).decode("utf-8"))
+        self.lines = len(kept)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, step: int, split: str, /, **values: Any) -> dict[str, Any]:
         """Write one event and flush it.
@@ -102,6 +118,7 @@ class MetricsLogger:
             # NaN/inf are written as the bare words NaN/Infinity, which Python's json reads back.
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+            self.lines += 1
         return record
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
 from qkv.training import distributed
 from qkv.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from qkv.training.logging import NonFiniteLossError, check_finite
+from qkv.training.logging import MetricsLogger, NonFiniteLossError, check_finite
 from qkv.weights import save_weights
 
 
@@ -322,9 +322,10 @@ def _check_weights_finite(model: nn.Module, what: str) -> None:
 
 
 def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
-               runtime: Runtime, extra: Mapping[str, Any] | None = None, **streams: Any) -> None:
-    """Write the ``last`` checkpoint: weights, optimizer, RNGs, ``state``, each data stream's ``state_dict()``
-    and the recipe's own ``extra`` values (numbers, strings, tensors).
+               runtime: Runtime, extra: Mapping[str, Any] | None = None, metrics: MetricsLogger | None = None,
+               **streams: Any) -> None:
+    """Write the ``last`` checkpoint: weights, optimizer, RNGs, ``state``, each data stream's ``state_dict()``,
+    the recipe's own ``extra`` values (numbers, strings, tensors) and how many lines ``metrics`` holds.
 
     Every rank calls it (each one's random state is kept, for its own dropout); only the main process
     writes. Weights that are not finite are never written.
@@ -337,13 +338,18 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
         **(extra or {}), "loop": state.state_dict(), **{name: stream.state_dict() for name, stream in streams.items()},
         **({"rng_ranks": ranks_rng} if ranks_rng else {}),
         **({"grad_scaler": runtime.scaler.state_dict()} if runtime.scaler is not None else {}),
+        **({"metrics_lines": metrics.lines} if metrics is not None else {}),
     })
 
 
 def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
-                 runtime: Runtime | None = None, **streams: Any) -> dict[str, Any]:
+                 runtime: Runtime | None = None, metrics: MetricsLogger | None = None,
+                 **streams: Any) -> dict[str, Any]:
     """Load the ``last`` checkpoint into ``model``, ``optimizer``, ``state`` and each stream; return the whole
     saved state (for what a recipe kept of its own).
+
+    ``metrics`` is cut back to the lines it held at the checkpoint: what was logged after it is logged
+    again by the resumed run, so the file equals an uninterrupted run's line for line.
 
     Each rank takes back its own random state when the checkpoint was written by as many ranks; else
     rank 0's, and ranks above reseed by rank and step.
@@ -356,6 +362,8 @@ def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.O
     state.load_state_dict(saved["loop"])
     for name, stream in streams.items():
         stream.load_state_dict(saved[name])
+    if metrics is not None and "metrics_lines" in saved:
+        metrics.rewind(int(saved["metrics_lines"]))
     if runtime is not None and runtime.scaler is not None and "grad_scaler" in saved:
         runtime.scaler.load_state_dict(saved["grad_scaler"])
     if runtime is not None and runtime.rank > 0:

@@ -192,11 +192,11 @@ def train_lm(
     optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
     wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
     state = LoopState()
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     if resume:
-        resume_state(run_dir, model, optimizer, state, runtime, data=data)
+        resume_state(run_dir, model, optimizer, state, runtime, metrics, data=data)
     forward = compiled(wrapped, tc)
 
-    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     cadence = Cadence(tc, state)
     progress = Progress(total=tc.steps, desc="train lm", log_every=tc.eval_every, start_step=state.step,
                         seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - state.seconds,
@@ -255,9 +255,9 @@ def train_lm(
                 if state.improve(losses["valid"]) and runtime.is_main:
                     save_weights(run_dir / BEST_WEIGHTS_NAME, model,
                                  metadata={"step": str(step), "valid_loss": f"{state.best:.6f}"})
-                save_state(run_dir, model, optimizer, state, runtime, data=data)
+                save_state(run_dir, model, optimizer, state, runtime, metrics=metrics, data=data)
             elif (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == stop_at:
-                save_state(run_dir, model, optimizer, state, runtime, data=data)
+                save_state(run_dir, model, optimizer, state, runtime, metrics=metrics, data=data)
     finally:
         progress.close()
         result.step, result.best_valid, result.train_seconds = state.step, state.best, state.seconds

@@ -231,11 +231,11 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
 
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
     state = LoopState()
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     if resume:
-        resume_state(run_dir, model, optimizer, state, runtime, data=stream)
+        resume_state(run_dir, model, optimizer, state, runtime, metrics, data=stream)
         log(f"resumed from {run_dir / 'last.safetensors'} at step {state.step}")
 
-    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     cadence = Cadence(tc, state)
     progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=state.step,
                         enabled=not quiet and runtime.is_main,
@@ -307,7 +307,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                 save_weights(run_dir / f"{STEP_PREFIX}{step:07d}.safetensors", model)
                 for old in Run(run_dir).step_weights()[: -max(tc.keep_checkpoints, 1)]:
                     old.unlink()
-            save_state(run_dir, model, optimizer, state, runtime, data=stream)
+            save_state(run_dir, model, optimizer, state, runtime, metrics=metrics, data=stream)
             bleu = f", BLEU {values['bleu']:.1f}" if "bleu" in values else ""
             progress.write(f"step {step}: valid loss {values['loss']:.3f}, ppl {values['ppl']:.2f}{bleu}"
                            + ("" if improved else f" (no improvement {state.bad_evals}/{tc.patience or '-'})"))

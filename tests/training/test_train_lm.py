@@ -43,6 +43,35 @@ def test_resume_gives_the_losses_of_the_uninterrupted_run(tmp_path):
     assert straight.final["loss"] == rest.final["loss"]
 
 
+def _events(run):
+    """metrics.jsonl without its clock fields."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("time", "elapsed", "train_seconds")} for r in rows]
+
+
+def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(tmp_path, monkeypatch):
+    """Steps 6-7 are logged after the checkpoint at step 5, then the run dies: the resumed run logs them again,
+    and metrics.jsonl holds them once."""
+    from qkv.training import train_lm as module
+
+    recipe = tiny(tmp_path)
+    train_lm(recipe, tmp_path / "a", quiet=True, plot=False)
+    real = module.optimizer_step
+
+    def dies_at_step_8(optimizer, loss, step, *args):
+        if step == 8:
+            raise KeyboardInterrupt
+        return real(optimizer, loss, step, *args)
+
+    monkeypatch.setattr(module, "optimizer_step", dies_at_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(recipe, tmp_path / "b", quiet=True, plot=False)
+    monkeypatch.undo()
+    assert [e["step"] for e in _events(tmp_path / "b")][-1] == 7
+    train_lm(load_run_recipe(tmp_path / "b"), tmp_path / "b", resume=True, quiet=True, plot=False)
+    assert _events(tmp_path / "b") == _events(tmp_path / "a")
+
+
 def test_the_run_directory_holds_everything_and_the_loss_falls(tmp_path):
     result = train_lm(tiny(tmp_path, steps=30, eval_every=10), tmp_path / "run", quiet=True, plot=False)
     run = tmp_path / "run"

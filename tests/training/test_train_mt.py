@@ -78,6 +78,32 @@ def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
         assert torch.equal(p, q), name
 
 
+def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(straight, tmp_path, monkeypatch):
+    """Step 4 is logged after the checkpoint at step 3, then the run dies at step 5: metrics.jsonl holds the
+    resumed run's step 4 once, and equals the uninterrupted run's (clock fields aside)."""
+    from qkv.training import train_mt as module
+
+    run, _ = straight
+    real = module.optimizer_step
+
+    def dies_at_step_5(optimizer, loss, step, *args):
+        if step == 5:
+            raise KeyboardInterrupt
+        return real(optimizer, loss, step, *args)
+
+    monkeypatch.setattr(module, "optimizer_step", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY, tmp_path / "cut", quiet=True)
+    monkeypatch.undo()
+    train(load_train_config(None, [], tmp_path / "cut", resume=True), tmp_path / "cut", resume=True, quiet=True)
+
+    def events(r):
+        clock = ("time", "elapsed", "tokens_per_s", "train_seconds", "seconds")
+        return [{k: v for k, v in e.items() if k not in clock} for e in read_metrics(r / "metrics.jsonl")]
+
+    assert events(tmp_path / "cut") == events(run)
+
+
 def test_translator_loads_the_run(straight):
     run, _ = straight
     translator = Translator.from_run(run)

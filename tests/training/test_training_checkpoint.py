@@ -1,6 +1,7 @@
 import io
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,7 +186,11 @@ def test_failure_mid_save_keeps_the_previous_checkpoint(tmp_path, make_model, mo
     _assert_same_weights(old, fresh)
 
 
-def test_kill_between_the_two_renames_is_detected(tmp_path, make_model, monkeypatch):
+def _kill_between_the_renames(tmp_path, make_model, monkeypatch, keep_the_rest: bool):
+    """Save seed 2 over seed 1 and die right after the weights' rename, as SIGKILL would: the new state
+    stays in a temporary file of a process that is gone (or, ``keep_the_rest=False``, is lost too)."""
+    import shutil
+
     save_checkpoint(tmp_path, "last", make_model(seed=1), state={"step": 1})
     real_replace = os.replace
     calls = []
@@ -193,15 +198,31 @@ def test_kill_between_the_two_renames_is_detected(tmp_path, make_model, monkeypa
     def replace_once_then_die(src, dst):
         calls.append(dst)
         if len(calls) == 2:
-            raise KeyboardInterrupt  # stands for a kill right after the weights were renamed
+            if keep_the_rest:  # what a killed process leaves: its complete temporary file
+                shutil.copy(src, Path(dst).parent / f".{Path(dst).name}.tmp-999999999-0123abcd")
+            raise KeyboardInterrupt
         real_replace(src, dst)
 
     monkeypatch.setattr(qkv.io.os, "replace", replace_once_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, "last", make_model(seed=2), state={"step": 2})
     monkeypatch.undo()
+
+
+def test_a_kill_between_the_two_renames_is_finished_on_load(tmp_path, make_model, monkeypatch):
+    _kill_between_the_renames(tmp_path, make_model, monkeypatch, keep_the_rest=True)
+    model = make_model()
+    with pytest.warns(UserWarning, match="interrupted between its two files; finished it"):
+        state = load_checkpoint(tmp_path, "last", model)
+    assert state == {"step": 2}  # the new checkpoint, whole
+    for name, p in make_model(seed=2).state_dict().items():
+        assert torch.equal(model.state_dict()[name], p), name
     assert _no_temp_files(tmp_path) == []
-    with pytest.raises(CheckpointError, match="different saves"):
+
+
+def test_a_kill_between_the_renames_whose_other_half_is_gone_is_one_clear_error(tmp_path, make_model, monkeypatch):
+    _kill_between_the_renames(tmp_path, make_model, monkeypatch, keep_the_rest=False)
+    with pytest.raises(CheckpointError, match="different saves and the other half of the last save is gone"):
         load_checkpoint(tmp_path, "last", make_model())
 
 
