@@ -177,6 +177,16 @@ def decode_utf8(data: bytes, path: str | Path) -> str:
         ) from None
 
 
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate (a half of a UTF-16 pair, which JSON escapes and
+    ``surrogateescape`` can produce but UTF-8 cannot hold) replaced by U+FFFD; other text unchanged."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def read_text_file(path: str | Path) -> str:
     """The whole file as UTF-8 text (errors name the file and line of the first bad byte)."""
     path = Path(path)
@@ -293,6 +303,6 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 __all__ = [
     "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
-    "decode_utf8", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
+    "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
     "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

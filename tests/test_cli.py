@@ -53,3 +53,20 @@ def test_a_bad_override_value_is_one_line(tmp_path):
                            "train.lr=[1"], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "train.lr=[1" in proc.stderr and "not valid YAML" in proc.stderr
+
+
+def test_bad_numbers_are_refused_as_the_arguments_are_read(capsys):
+    import pytest
+
+    for argv, message in [
+        (["generate", "--run", "r", "--temperature", "nan", "x"], "argument --temperature: must be a finite number"),
+        (["translate", "--run", "r", "--alpha", "inf"], "argument --alpha: must be a finite number"),
+        (["translate", "--run", "r", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+        (["generate", "--run", "r", "--seed", "-3", "x"], "argument --seed: must be in [0, 2^63), got -3"),
+        (["eval", "mt", "--run", "r", "--beam", "0"], "argument --beam: must be an integer >= 1, got 0"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err

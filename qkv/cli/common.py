@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from qkv.config import recipe_names
@@ -12,6 +13,39 @@ from qkv.training.distributed import add_launcher
 
 WEIGHTS_HELP = (f"which weights of the run: {', '.join(WEIGHT_NAMES)} (default: model, the trainer's final choice; "
                 "else best, else last), or a .safetensors file")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (batch sizes, beams, token counts), refused as the arguments are read."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (NaN and infinity are refused as the arguments are read)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed in [0, 2^63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
+    return value
 
 
 def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qkv.cli.common import add_device, add_training_run, add_weights, command_group
+from qkv.cli.common import add_device, add_training_run, add_weights, command_group, finite_float, positive_int, seed
 from qkv.training.distributed import add_launcher
 from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
 from qkv.data.lm import load_tokens, split_by_position
@@ -46,14 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "and \\n in an input line read as a newline).")
     p.add_argument("--run", "--run-dir", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
     p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("-n", "--max-new-tokens", type=positive_int, default=200)
+    p.add_argument("--temperature", type=finite_float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--top-p", type=finite_float, default=None, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=seed, default=None, help="makes sampling reproducible")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--sliding-window", action="store_true", help="allow prompts/outputs longer than the context")
-    p.add_argument("--batch-size", type=int, default=16, help="stdin lines completed together")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="stdin lines completed together")
     add_weights(p)
     add_device(p)
     p.add_argument("--compile", action="store_true",
@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", "--config", dest="recipe", metavar="FILE",
                    help="YAML with a train: section (or a finetune: section holding one, as bench/forgetting.yaml)")
     cure = p.add_mutually_exclusive_group()
-    cure.add_argument("--mix", type=float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
+    cure.add_argument("--mix", type=finite_float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
     cure.add_argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
     p.add_argument("--quiet", action="store_true")
@@ -84,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", "--run-dir", required=True)
     p.add_argument("--split", default="valid", choices=["valid", "train"], help="split of the run's corpus")
     p.add_argument("--text", help="score this UTF-8 text file instead")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-windows", type=int, default=None, help="score only the first N context windows")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--max-windows", type=positive_int, default=None, help="score only the first N context windows")
     add_weights(p)
     add_device(p)
     p.add_argument("--json", action="store_true")

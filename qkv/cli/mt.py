@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
-from qkv.cli.common import add_device, add_training_run, add_weights, command_group
+from qkv.cli.common import add_device, add_training_run, add_weights, command_group, finite_float, positive_int, seed
 from qkv.config import ALPHA, BEAM, from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
@@ -41,14 +41,14 @@ def register(subparsers) -> None:
                               description="Translate stdin (or --input) line by line: one output line per input "
                                           "line, an empty line for an empty line.")
     p.add_argument("--run", "--run-dir", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
-    p.add_argument("--beam", type=int, default=BEAM, help=f"beam size (1: greedy; default {BEAM}, as the paper)")
-    p.add_argument("--alpha", type=float, default=ALPHA, help=f"length penalty (default {ALPHA}, as the paper)")
-    p.add_argument("--nbest", type=int, default=1, help="print the N best translations, tab-separated with scores")
+    p.add_argument("--beam", type=positive_int, default=BEAM, help=f"beam size (1: greedy; default {BEAM}, as the paper)")
+    p.add_argument("--alpha", type=finite_float, default=ALPHA, help=f"length penalty (default {ALPHA}, as the paper)")
+    p.add_argument("--nbest", type=positive_int, default=1, help="print the N best translations, tab-separated with scores")
     p.add_argument("--input", "-i", help="read this file instead of stdin")
     p.add_argument("--output", "-o", help="write this file instead of stdout")
     p.add_argument("--truncate", action="store_true",
                    help="cut inputs longer than the model's positions (default: stop with an error)")
-    p.add_argument("--batch-size", type=int, default=64, help="lines translated together (default 64)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="lines translated together (default 64)")
     add_device(p)
     add_weights(p)
     p.set_defaults(func=cmd_translate)
@@ -63,8 +63,8 @@ def register(subparsers) -> None:
     p.add_argument("--src", help="a source file to translate and score (with --run and --ref)")
     p.add_argument("--hyp", help="a file of translations to score (with --ref)")
     p.add_argument("--ref", help="the reference translations, line-aligned")
-    p.add_argument("--beam", type=int, default=BEAM)
-    p.add_argument("--alpha", type=float, default=ALPHA)
+    p.add_argument("--beam", type=positive_int, default=BEAM)
+    p.add_argument("--alpha", type=finite_float, default=ALPHA)
     p.add_argument("--output", "-o", help="also write the translations here")
     p.add_argument("--data-dir", help="data root searched first for the corpus")
     add_weights(p)
@@ -77,7 +77,7 @@ def register(subparsers) -> None:
                                           "print the test BLEU, translate unseen sentences and draw the "
                                           "cross-attention of the seed sentence.")
     p.add_argument("--run", "--run-dir", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
-    p.add_argument("--seed", type=int, default=None, help="training seed (default: the demo config's)")
+    p.add_argument("--seed", type=seed, default=None, help="training seed (default: the demo config's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="demo recipe overrides, e.g. train.steps=200")
     p.set_defaults(func=cmd_demo)
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qkv.cli.common import positive_int
 from qkv.interpret.model_maps import make_attention_provider
 from qkv.interpret.plots import plot_attention
 from qkv.runs import CURVES_FILE, METRICS_FILE, Run
@@ -19,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--run", "--run-dir", required=True, help="a run directory (qkv train mt|lm, qkv demo)")
     p.add_argument("text", help="a source sentence (translation) or a prompt (GPT)")
     p.add_argument("--out", help="output folder (default RUN/attention)")
-    p.add_argument("--beam", type=int, default=1, help="beam size for the translation whose maps are drawn")
+    p.add_argument("--beam", type=positive_int, default=1, help="beam size for the translation whose maps are drawn")
     p.set_defaults(func=plot_attention_cmd)
     p = sub.add_parser("curves", help="loss (and lr, BLEU) against step, from RUN/metrics.jsonl")
     p.add_argument("--run", "--run-dir", required=True)

@@ -16,7 +16,7 @@ from typing import Sequence, overload
 import torch
 
 from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS
-from qkv.generation.beam import beam_search, greedy_search
+from qkv.generation.beam import beam_search, check_alpha, greedy_search
 from qkv.io import DEVICE_DEFAULT, model_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
@@ -133,6 +133,7 @@ class Translator:
         n_best = n_best or 1
         if beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
+        check_alpha(alpha)
         if n_best > beam:
             raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
         sources = self.encode_sources(texts, truncate)

@@ -22,6 +22,8 @@ while the best hypothesis is still growing.
 
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple
 
 import torch
@@ -44,6 +46,12 @@ class Hypothesis(NamedTuple):
     tokens: list[int]
     score: float
     logprob: float
+
+
+def check_alpha(alpha: float) -> None:
+    """The length penalty's alpha must be a finite number >= 0 (0: no normalization; the paper: 0.6)."""
+    if not (alpha >= 0 and math.isfinite(alpha)):
+        raise ValueError(f"alpha (the length penalty) must be a finite number >= 0, got {alpha}")
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -252,6 +260,7 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    check_alpha(alpha)
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
     was_training = model.training
@@ -334,6 +343,10 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
         if use_cache:
             end_decoding(model)
         model.train(was_training)
+    lost = [i for i, hyps in enumerate(finished) if not hyps]
+    if lost:  # every candidate scored NaN: nothing to rank
+        raise FloatingPointError(f"beam search: the model's scores are not finite (NaN) for sentence(s) {lost[:5]}; "
+                                 "no hypothesis can be ranked. Check the weights (qkv eval) or the input")
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
 
 

@@ -8,8 +8,8 @@ from torch import Tensor
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Clear errors for settings that have no meaning."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not temperature >= 0 or temperature == float("inf"):  # NaN fails every comparison
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:

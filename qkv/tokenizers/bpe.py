@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from qkv.io import valid_text
 from qkv.tokenizers import (
     BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, TokenizerError, as_int_list, check_id,
 )
@@ -167,11 +168,11 @@ class BPETokenizer:
         """Token ids of ``text``, optionally behind ``<bos>`` and before ``<eos>``."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a string, got {type(text).__name__}")
-        return self._wrap(self._tok.encode(text, add_special_tokens=False).ids, add_bos, add_eos)
+        return self._wrap(self._tok.encode(valid_text(text), add_special_tokens=False).ids, add_bos, add_eos)
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
         """Ids of each text (the library encodes a batch on several threads)."""
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        encodings = self._tok.encode_batch([valid_text(t) for t in texts], add_special_tokens=False)
         return [self._wrap(e.ids, add_bos, add_eos) for e in encodings]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from unittest import mock
 
+from qkv.io import valid_text
 from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list, check_id
 
 MERGES_FILE = "tokenizer.bpe"
@@ -138,11 +139,11 @@ class GPT2Tokenizer:
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of ``text``; ``<|endoftext|>`` written in the text is text, not the special token."""
         eot = self.encoding.eot_token
-        return [eot] * add_bos + self.encoding.encode_ordinary(text) + [eot] * add_eos
+        return [eot] * add_bos + self.encoding.encode_ordinary(valid_text(text)) + [eot] * add_eos
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
         eot = self.encoding.eot_token
-        return [[eot] * add_bos + ids + [eot] * add_eos for ids in self.encoding.encode_ordinary_batch(list(texts))]
+        return [[eot] * add_bos + ids + [eot] * add_eos for ids in self.encoding.encode_ordinary_batch([valid_text(t) for t in texts])]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """The text of ``ids``; a token that ends inside a UTF-8 character decodes to U+FFFD."""

@@ -45,7 +45,9 @@ from qkv.parallel import SINGLE, Ranks
 from qkv.training.distributed import synced
 from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopConfig, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import (
+    Cadence, LoopConfig, LoopState, check_adam, compiled, export, optimizer_step, resume_state, save_state, start,
+)
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
@@ -108,6 +110,7 @@ class FinetuneConfig(LoopConfig):
             raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if self.steps <= self.warmup:
             raise ConfigError(f"train: steps {self.steps} must exceed warmup {self.warmup}")
+        check_adam(self.weight_decay, (self.beta1, self.beta2))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
-from qkv.training.loop import LoopConfig
+from qkv.training.loop import LoopConfig, check_adam
 from qkv.models.convert import gpt_from_hf
 from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
@@ -103,6 +103,7 @@ class LMTrainConfig(LoopConfig):
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.lr or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        check_adam(self.weight_decay, (self.beta1, self.beta2))
 
     @property
     def decay_end(self) -> int:

@@ -29,7 +29,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,8 +90,18 @@ class LoopConfig:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ConfigError(f"train.max_minutes must be > 0 (or null), got {self.max_minutes}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"train.seed must be in [0, 2^63), got {self.seed}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"train.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+
+
+def check_adam(weight_decay: float, betas: Sequence[float]) -> None:
+    """Adam's and AdamW's knobs, checked as a recipe is read: decay >= 0, two betas in [0, 1)."""
+    if not weight_decay >= 0:
+        raise ConfigError(f"train.weight_decay must be >= 0, got {weight_decay}")
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"train: Adam's betas must be two numbers in [0, 1), got {list(betas)}")
 
 
 @dataclass(frozen=True)
@@ -383,5 +393,5 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "Runtime", "start", "compiled", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
+__all__ = ["LoopConfig", "check_adam", "Runtime", "start", "compiled", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
            "export"]

@@ -47,7 +47,9 @@ from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
 from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopConfig, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import (
+    Cadence, LoopConfig, LoopState, check_adam, compiled, export, optimizer_step, resume_state, save_state, start,
+)
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
 from qkv.training.plots import plot_curves
@@ -105,6 +107,18 @@ class MTTrainConfig(LoopConfig):
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.warmup < 1:
             raise ConfigError(f"train.warmup must be >= 1 (the schedule divides by it), got {self.warmup}")
+        if self.peak_lr is not None and not self.peak_lr >= 0:
+            raise ConfigError(f"train.peak_lr must be >= 0 (or null: the paper's formula), got {self.peak_lr}")
+        if not self.lr_factor > 0 or not self.adam_eps > 0:
+            raise ConfigError(f"train: need lr_factor > 0 and adam_eps > 0, got {self.lr_factor}, {self.adam_eps}")
+        check_adam(self.weight_decay, self.adam_betas)
+        for name in ("eval_beam", "test_beam", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.patience < 0 or self.average_last < 0 or self.eval_bleu_sentences < 0:
+            raise ConfigError("train.patience, average_last and eval_bleu_sentences must be >= 0")
+        if not (self.test_alpha >= 0 and math.isfinite(self.test_alpha)):
+            raise ConfigError(f"train.test_alpha must be a finite number >= 0, got {self.test_alpha}")
 
 
 @dataclass(frozen=True)

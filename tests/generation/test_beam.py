@@ -207,3 +207,18 @@ def test_search_leaves_model_as_it_was(model, src):
     assert all(m.cache is None for m in model.modules() if hasattr(m, "cache"))
     model.eval()
     assert padding_mask(src, PAD).shape == (6, 1, 1, 9)
+
+
+def test_a_model_whose_scores_are_all_nan_is_a_clear_error_not_an_empty_result(model, src):
+    broken = Transformer(model.cfg).eval()
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.generator.weight.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="scores are not finite"):
+        beam_search(broken, src, BOS, EOS, beam_size=2, limit=5)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.5])
+def test_the_length_penalty_must_be_finite_and_not_negative(model, src, alpha):
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(model, src, BOS, EOS, beam_size=2, alpha=alpha, limit=5)

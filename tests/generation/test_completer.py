@@ -93,7 +93,7 @@ def test_a_prompt_longer_than_the_context_is_an_error_unless_the_window_slides(c
 
 
 def test_bad_sampling_arguments_are_clear_errors(completer):
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         completer.complete("ab", temperature=-0.1)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
         completer.complete("ab", top_p=0.0)

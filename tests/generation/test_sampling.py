@@ -32,7 +32,8 @@ def test_greedy_and_seeded_sampling():
     assert all(next_token(logits, 5.0, top_k=1).item() == 1 for _ in range(10))
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=1.5), dict(top_p=0.0)])
+@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                dict(top_k=-1), dict(top_p=1.5), dict(top_p=0.0), dict(top_p=float("nan"))])
 def test_invalid_settings(kw):
     args = dict(temperature=1.0, top_k=None, top_p=None) | kw
     with pytest.raises(ValueError):

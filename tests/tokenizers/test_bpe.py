@@ -128,3 +128,10 @@ def test_the_library_is_imported_lazily():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n and n.split(".")[0] == "tokenizers" for n in names), module.__name__
+
+
+def test_lone_surrogates_become_the_replacement_character(bpe):
+    """JSON escapes and surrogateescape can give a str that UTF-8 cannot hold: encoded as U+FFFD, not a crash."""
+    assert bpe.encode("a\ud800b") == bpe.encode("a\ufffdb")
+    assert bpe.encode_batch(["\udc80x", "ok"]) == [bpe.encode("\ufffdx"), bpe.encode("ok")]
+    assert bpe.encode("\U0001F600") == bpe.encode("\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16"))

@@ -1,6 +1,7 @@
 """The translation trainer: run directory contents, exact resume, early stop, time budget, schedule, config errors."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -253,3 +254,16 @@ def test_a_nan_at_a_checkpoint_step_never_reaches_the_disk(tmp_path, monkeypatch
         assert all(torch.isfinite(t).all() for t in load_file(tmp_path / name).values()), name
     model = Transformer(load_train_config(None, run_dir=tmp_path, resume=True).model)
     assert load_checkpoint(tmp_path, "last", model)["loop"]["step"] == 2
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.peak_lr=-1", "train.peak_lr must be >= 0"),
+    ("train.test_beam=0", "train.test_beam must be >= 1"),
+    ("train.weight_decay=-1", "train.weight_decay must be >= 0"),
+    ("train.adam_betas=[0.9, 1.5]", "betas must be two numbers in [0, 1)"),
+    ("train.test_alpha=.nan", "train.test_alpha must be a finite number"),
+    ("train.seed=99999999999999999999", "train.seed must be in [0, 2^63)"),
+])
+def test_settings_that_would_fail_late_are_refused_as_the_recipe_is_read(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        apply_overrides(TINY, [override])
