@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 import yaml
 
-from qkv.io import DataError, did_you_mean, read_json, write_json
+from qkv.io import DataError, QkvError, did_you_mean, read_json, write_json
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ EXTRA = 50
 MAX_TOKENS = 4000
 
 
-class ConfigError(ValueError):
+class ConfigError(QkvError, ValueError):
     """A configuration that cannot be built: unknown key, wrong type, or inconsistent values."""
 
 

@@ -30,14 +30,23 @@ from torch import nn
 # Errors
 
 
-class DataError(ValueError):
+class QkvError(Exception):
+    """Every error qkv raises on purpose: its message names the problem (file, line, key) and what to do.
+
+    Each kind is also the built-in error of its nature, so ``except ValueError`` still catches bad input:
+    ``ValueError`` kinds (config, data, run, device, tokenizer) are the user's input; the others
+    (checkpoints, non-finite training, ranks) are failures while running.
+    """
+
+
+class DataError(QkvError, ValueError):
     """Input that cannot be read: a missing or malformed file, a corpus unlike its registry entry.
 
     The message names the file (and line where there is one) and what to do.
     """
 
 
-class DeviceError(ValueError):
+class DeviceError(QkvError, ValueError):
     """A device that was asked for but is not there (``cuda`` on a machine without CUDA)."""
 
 
@@ -302,7 +311,7 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 
 __all__ = [
-    "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
+    "QkvError", "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
     "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
     "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

@@ -28,8 +28,10 @@ import torch.distributed as dist
 
 T = TypeVar("T")
 
+from qkv.io import QkvError
 
-class RankError(RuntimeError):
+
+class RankError(QkvError, RuntimeError):
     """Another rank failed (its message is this one's), or the ranks lost each other."""
 
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from qkv.config import ConfigError, ModelConfig, from_dict
 from qkv.data.lm import TOKENS_FILE
-from qkv.io import DataError, did_you_mean, read_json, resolve_device
+from qkv.io import DataError, QkvError, did_you_mean, read_json, resolve_device
 from qkv.models import GPT, Transformer
 from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
 from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_weights
@@ -62,7 +62,7 @@ MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
 _MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
 
 
-class RunError(ValueError):
+class RunError(QkvError, ValueError):
     """A run directory that is missing, incomplete, or whose files do not belong together."""
 
 

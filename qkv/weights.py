@@ -17,12 +17,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 from torch import nn
 
-from qkv.io import atomic_path
+from qkv.io import QkvError, atomic_path
 
 WEIGHTS_SUFFIX = ".safetensors"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(QkvError, RuntimeError):
     """Weights or a checkpoint that cannot be written or loaded: missing, mismatched or inconsistent files."""
 
 

@@ -70,3 +70,27 @@ def test_bad_numbers_are_refused_as_the_arguments_are_read(capsys):
         assert stop.value.code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+def test_failures_while_running_exit_1_input_errors_2_and_qkv_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    import pytest
+
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 20, encoding="utf-8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{d_model: 16, n_heads: 2, n_layers: 1, d_ff: 32, max_len: 16}}\n"
+                      f"data: {{path: {tmp_path / 'text.txt'}}}\n"
+                      "train: {steps: 2, batch_size: 2, warmup: 1, eval_every: 2, eval_iters: 1}\n", encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "lm", "--recipe", str(recipe), "--run", str(run), "--quiet"]) == 0
+    (run / "last.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    # A damaged checkpoint: a failure while running (1), one line naming the file.
+    assert main(["train", "lm", "--run", str(run), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "last.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    # A path that is not there is the user's input (2).
+    assert main(["train", "lm", "--run", str(tmp_path / "nowhere"), "--resume"]) == 2
+    capsys.readouterr()
+    monkeypatch.setenv("QKV_DEBUG", "1")
+    with pytest.raises(Exception):
+        main(["train", "lm", "--run", str(run), "--resume"])

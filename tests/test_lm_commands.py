@@ -80,7 +80,7 @@ def test_generate_reads_stdin_lines_and_writes_one_line_each(run, capsys, monkey
 
 def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
     assert qkv.cli.main(["generate", "--run", str(run), "x", "--temperature", "-1"]) == 2
-    assert "temperature must be >= 0" in capsys.readouterr().err
+    assert "temperature must be a finite number >= 0" in capsys.readouterr().err
     assert qkv.cli.main(["generate", "--run", str(run), "x" * 40]) == 2
     captured = capsys.readouterr()
     assert "--sliding-window" in captured.err and captured.out == ""  # nothing echoed before the error

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The Transformer of 'Attention Is All You Need': translate, pretrain and fine-tune a GPT, "
                     "decode with a KV cache and beam search, and see attention.",
     )
-    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (as does QKV_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
@@ -70,16 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
-    # Every error a user can cause: bad input or config (ValueError and its kinds: ConfigError,
-    # DataError, RunError, DeviceError, TokenizerError), missing files, damaged checkpoints, a loss
-    # that became NaN, and what the system refuses (a full disk, a read-only folder).
-    # Under torchrun: a rank that lost the others (one died, or hung past the collective timeout).
+    # Every error a user can cause, exit code 2: bad input or config (ValueError and its kinds:
+    # ConfigError, DataError, RunError, DeviceError, TokenizerError), a path that is not there. Failures
+    # while running, exit code 1: unwritable files (a full disk, a read-only folder), damaged checkpoints, a loss that
+    # became NaN, and under torchrun a rank that lost the others (one died, or hung past the timeout).
     except (ValueError, OSError, CheckpointError, FloatingPointError, RankError, RuntimeError) as e:
         lost = distributed.lost_contact(e)
-        if args.debug or (type(e) is RuntimeError and not lost):  # a bug: its traceback is the report
-            raise
+        if args.debug or os.environ.get("QKV_DEBUG") == "1" or (type(e) is RuntimeError and not lost):
+            raise  # asked for, or a bug: its traceback is the report
+        code = 2 if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)) else 1
         if isinstance(e, RankError) and rank != 0:
-            return 2  # rank 0 printed the error itself
+            return code  # rank 0 printed the error itself
         message = str(e) if not isinstance(e, OSError) or not e.strerror else (
             f"{e.filename}: {e.strerror}" if e.filename else e.strerror)
         if lost:
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"${distributed.TIMEOUT_ENV}); its own message says why")
         where = f"rank {rank}: " if distributed.launched() and int(os.environ["WORLD_SIZE"]) > 1 else ""
         print(f"{where}qkv {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return code
 
 
 if __name__ == "__main__":

@@ -19,13 +19,14 @@ from typing import Any, Sequence
 
 import torch
 
+from qkv.io import QkvError
 from qkv.data.corpora import get_corpus, read_parallel
 
 # Language codes of the registered corpora, as words for the instruction format.
 LANGUAGE_NAMES = {"zh": "Chinese", "en": "English", "de": "German", "fr": "French"}
 
 
-class SFTDataError(ValueError):
+class SFTDataError(QkvError, ValueError):
     """A fine-tuning file that cannot be read; the message names the file and line."""
 
 

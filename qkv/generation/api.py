@@ -17,10 +17,10 @@ import torch
 
 from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS
 from qkv.generation.beam import beam_search, check_alpha, greedy_search
-from qkv.io import DEVICE_DEFAULT, model_device
+from qkv.io import DEVICE_DEFAULT, QkvError, model_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
-class InputTooLongError(ValueError):
+class InputTooLongError(QkvError, ValueError):
     """A source sentence with more tokens than the model has positions."""
 
     def __init__(self, message: str, index: int, n_tokens: int, limit: int) -> None:

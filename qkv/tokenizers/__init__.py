@@ -21,13 +21,15 @@ import json
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
+from qkv.io import QkvError
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 TOKENIZER_FILE = "tokenizer.json"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(QkvError, ValueError):
     """Text that cannot be encoded, ids that cannot be decoded, or a tokenizer file that cannot be read."""
 
 

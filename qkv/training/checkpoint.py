@@ -192,8 +192,10 @@ def load_checkpoint(
         raise CheckpointError(f"{state_path}: no such trainer-state file (checkpoint {name!r} in {run_dir})")
     try:
         trainer_state = torch.load(state_path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{state_path}: cannot read the trainer state ({e})") from e
+    except Exception as e:  # torch's message is pages long and suggests unsafe loading: not repeated
+        raise CheckpointError(f"{state_path}: cannot read the trainer state (the file is damaged or was not written by "
+                              f"qkv: {type(e).__name__}); a run cannot resume from it: start again with "
+                              "--overwrite, or from its weights with --init-from") from e
     if not isinstance(trainer_state, dict) or trainer_state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{state_path}: not a qkv trainer-state file")
     if trainer_state.get("version") != STATE_VERSION:

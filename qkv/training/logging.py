@@ -17,12 +17,12 @@ from typing import Any, TextIO
 
 import torch
 
-from qkv.io import write_text
+from qkv.io import QkvError, write_text
 
 _RESERVED = ("step", "split", "time", "elapsed")
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(QkvError, FloatingPointError):
     """The loss became NaN or infinite: training on it would destroy the weights."""
 
 

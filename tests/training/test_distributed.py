@@ -227,7 +227,7 @@ def test_a_rank_that_dies_or_hangs_stops_the_other_with_a_message(gpt, tmp_path,
     finally:
         procs[1].kill()
         procs[1].communicate()
-    assert code == 2, stderr[-3000:]
+    assert code == 1, stderr[-3000:]  # a failure while running, not bad input
     assert time.monotonic() - t0 < 80
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert "Traceback" not in stderr

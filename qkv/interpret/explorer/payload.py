@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from qkv.io import QkvError
 from qkv.interpret.explorer.constants import CONSTANTS
 
 MAX_TEXT_CHARS = 500  # Longest text a model's maps are computed for (server, CLI and model_maps alike).
@@ -44,7 +45,7 @@ KINDS: tuple[str, ...] = tuple(CONSTANTS["KINDS"])  # static/constants.js, which
 TEXT_KEYS = ("text", "output", "model_name")
 
 
-class AttentionDataError(ValueError):
+class AttentionDataError(QkvError, ValueError):
     """The attention data does not have the documented format."""
 
 
