@@ -320,3 +320,20 @@ def test_make_server_arguments():
         assert srv.default_text == "hello" and srv.attention_provider is None
     finally:
         srv.server_close()
+
+
+def test_two_host_headers_are_refused(server):
+    port = server.server_address[1]
+    status, _, body = raw(server, f"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\n"
+                                  "Connection: close\r\n\r\n".encode())
+    assert status == 400 and "2 Host headers" in json.loads(body)["error"]
+
+
+def test_json_nested_thousands_deep_is_a_400_not_a_500(server, provider):
+    port = server.server_address[1]
+    payload = b"[" * 30000 + b"]" * 30000
+    status, _, body = raw(server, f"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
+                                  f"application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                                  .encode() + payload)
+    assert status == 400 and "nested too deep" in json.loads(body)["error"]
+    assert get(server, "/api/status")[0] == 200  # and the server goes on answering

@@ -164,6 +164,9 @@ class ExplorerHandler(BaseHTTPRequestHandler):
 
     def _check_host(self) -> None:
         allowed = self.server.allowed_hosts
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:  # which one counts differs from proxy to proxy: none does
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{len(hosts)} Host headers; send one")
         host = self.headers.get("Host")
         if allowed is not None and host is not None and host.lower() not in allowed:
             # A page on another site that resolved its name to 127.0.0.1 (DNS rebinding).
@@ -329,6 +332,8 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             obj = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not valid UTF-8 JSON: {err}") from None
+        except RecursionError:  # arrays nested thousands deep exhaust the parser's stack
+            raise RequestError(HTTPStatus.BAD_REQUEST, "body is JSON nested too deep") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise RequestError(HTTPStatus.BAD_REQUEST, 'body must be a JSON object {"text": "..."}')
         return obj["text"]
