@@ -140,10 +140,14 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
             _fsync_file(tmp)  # data on disk before the rename makes it visible
         for path, tmp in zip(targets, temps):
             os.replace(tmp, path)
-    except BaseException:  # also KeyboardInterrupt: never leave a temporary file behind
+    except BaseException as e:  # also KeyboardInterrupt: never leave a temporary file behind
         for tmp in temps:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        named = isinstance(e, OSError) and e.errno is not None and str(e.filename) in map(str, temps)
+        if named:  # a full disk or a read-only folder: name the file being written, not its temporary
+            target = targets[[str(t) for t in temps].index(str(e.filename))]
+            raise OSError(e.errno, e.strerror, str(target)) from e
         raise
     for parent in {p.parent for p in targets}:
         _fsync_dir(parent)

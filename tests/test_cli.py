@@ -94,3 +94,41 @@ def test_failures_while_running_exit_1_input_errors_2_and_qkv_debug_shows_the_tr
     monkeypatch.setenv("QKV_DEBUG", "1")
     with pytest.raises(Exception):
         main(["train", "lm", "--run", str(run), "--resume"])
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_checkpoint_before(tmp_path, capsys, monkeypatch):
+    """ENOSPC while the step-4 checkpoint is written (root ignores read-only modes, so the write is made to fail
+    the way a full disk or a read-only folder fails it): exit 1, one line, step 2's checkpoint whole, and a
+    resume from it ends where a run never stopped ends."""
+    import errno
+
+    import qkv.io
+    from safetensors.torch import load_file
+
+    (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 20, encoding="utf-8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{d_model: 16, n_heads: 2, n_layers: 1, d_ff: 32, max_len: 16}}\n"
+                      f"data: {{path: {tmp_path / 'text.txt'}}}\n"
+                      "train: {steps: 6, batch_size: 2, warmup: 1, eval_every: 2, eval_iters: 1}\n", encoding="utf-8")
+    assert main(["train", "lm", "--recipe", str(recipe), "--run", str(tmp_path / "straight"), "--quiet"]) == 0
+    real = qkv.io._fsync_file
+    saves = []
+
+    def full_disk(path):
+        if ".last.pt.tmp-" in str(path):
+            saves.append(path)
+            if len(saves) == 2:  # the second checkpoint, step 4
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path)
+
+    monkeypatch.setattr(qkv.io, "_fsync_file", full_disk)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "lm", "--recipe", str(recipe), "--run", str(run), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"qkv train: error: {run / 'last.pt'}: No space left on device"], err
+    monkeypatch.undo()
+    assert not list(run.glob(".*tmp-*"))  # the failed save left nothing behind
+    assert main(["train", "lm", "--run", str(run), "--resume", "--quiet"]) == 0
+    a, b = load_file(str(tmp_path / "straight" / "last.safetensors")), load_file(str(run / "last.safetensors"))
+    assert all(bool((a[k] == b[k]).all()) for k in a)

@@ -337,3 +337,35 @@ def test_json_nested_thousands_deep_is_a_400_not_a_500(server, provider):
                                   .encode() + payload)
     assert status == 400 and "nested too deep" in json.loads(body)["error"]
     assert get(server, "/api/status")[0] == 200  # and the server goes on answering
+
+
+def test_a_client_that_trickles_its_request_is_cut_off_at_the_deadline(server, monkeypatch):
+    """One byte every 0.3 s passes every per-read timeout; the request's own deadline (2 s here) does not."""
+    import time
+
+    from qkv.interpret.explorer.server import ExplorerHandler
+
+    monkeypatch.setattr(ExplorerHandler, "request_seconds", 2.0)
+    host, port = server.server_address[:2]
+    t0 = time.monotonic()
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"GET /api/status HTTP/1.1\r\n")
+        closed = False
+        for _ in range(40):  # up to 12 s of trickling
+            try:
+                s.sendall(b"X")
+                time.sleep(0.3)
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        closed = True
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    s.setblocking(True)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            assert get(server, "/api/status")[0] == 200  # the others are answered meanwhile
+    assert closed and time.monotonic() - t0 < 6

@@ -17,6 +17,7 @@ Safety, because a browser on the same machine can be pointed at it by any web si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -32,6 +33,7 @@ from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, n
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY_BYTES = 64 * 1024
+REQUEST_SECONDS = 30  # the whole of one request, however its bytes trickle in
 MAX_URL_CHARS = 8 * 1024
 NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"
 
@@ -131,7 +133,25 @@ class ExplorerHandler(BaseHTTPRequestHandler):
     server_version = "qkv-explorer"
     sys_version = ""
     protocol_version = "HTTP/1.1"
-    timeout = 15  # Seconds a client may stall (slow-loris connections do not pin threads forever).
+    timeout = 15  # Seconds a client may stall on one read (slow-loris connections do not pin threads forever).
+    request_seconds = REQUEST_SECONDS  # ... and all the reads of one request together
+
+    def handle_one_request(self) -> None:
+        # A client that trickles a byte every few seconds passes every per-read timeout; the deadline
+        # of the whole request does not let it: when it passes, the connection is shut, which ends
+        # whatever read or write is waiting on it.
+        expire = threading.Timer(self.request_seconds, self._expire)
+        expire.daemon = True
+        expire.start()
+        try:
+            super().handle_one_request()
+        finally:
+            expire.cancel()
+
+    def _expire(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     # ------------------------------------------------------------------ methods
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
