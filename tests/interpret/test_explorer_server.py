@@ -369,3 +369,22 @@ def test_a_client_that_trickles_its_request_is_cut_off_at_the_deadline(server, m
                 break
             assert get(server, "/api/status")[0] == 200  # the others are answered meanwhile
     assert closed and time.monotonic() - t0 < 6
+
+
+def test_connections_past_the_cap_get_a_503_at_once_and_the_server_recovers(server):
+    import threading
+    import time
+
+    server.connection_slots = threading.BoundedSemaphore(2)
+    host, port = server.server_address[:2]
+    idle = [socket.create_connection((host, port), timeout=5) for _ in range(2)]  # each holds a thread
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    status, _, _ = raw(server, f"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert status == 503 and time.monotonic() - t0 < 2
+    for s in idle:
+        s.close()
+    deadline = time.monotonic() + 5
+    while get(server, "/api/status")[0] != 200:  # the idle connections' threads see them close
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

@@ -34,6 +34,7 @@ from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, n
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY_BYTES = 64 * 1024
 REQUEST_SECONDS = 30  # the whole of one request, however its bytes trickle in
+MAX_CONNECTIONS = 64  # connections served at once: many idle ones cannot exhaust the threads
 MAX_URL_CHARS = 8 * 1024
 NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"
 
@@ -77,6 +78,7 @@ class ExplorerServer(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 64
+    max_connections = MAX_CONNECTIONS  # open at once, each on its own thread; more are refused with 503
 
     def __init__(
         self,
@@ -103,6 +105,7 @@ class ExplorerServer(ThreadingHTTPServer):
         }
         # Serialise model calls: concurrent forwards would only fight for the same CPU cores.
         self.provider_lock = threading.Lock()
+        self.connection_slots = threading.BoundedSemaphore(self.max_connections)
         super().__init__((host.strip("[]"), port), ExplorerHandler)
         bound_host = host.strip("[]")
         self.allowed_hosts: set[str] | None = None
@@ -124,6 +127,22 @@ class ExplorerServer(ThreadingHTTPServer):
         if not self.quiet:
             print(f"explorer: error while serving {client_address}:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
+
+    def process_request(self, request, client_address) -> None:
+        """A thread for the connection if one of ``max_connections`` is free; else a 503, at once."""
+        if not self.connection_slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                                b"Connection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connection_slots.release()
 
 
 class ExplorerHandler(BaseHTTPRequestHandler):
