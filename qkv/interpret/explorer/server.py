@@ -26,7 +26,7 @@ import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, normalize_attention_data
@@ -106,6 +106,7 @@ class ExplorerServer(ThreadingHTTPServer):
         # Serialise model calls: concurrent forwards would only fight for the same CPU cores.
         self.provider_lock = threading.Lock()
         self.connection_slots = threading.BoundedSemaphore(self.max_connections)
+        self._slot_of: dict[Any, threading.BoundedSemaphore] = {}
         super().__init__((host.strip("[]"), port), ExplorerHandler)
         bound_host = host.strip("[]")
         self.allowed_hosts: set[str] | None = None
@@ -130,19 +131,25 @@ class ExplorerServer(ThreadingHTTPServer):
 
     def process_request(self, request, client_address) -> None:
         """A thread for the connection if one of ``max_connections`` is free; else a 503, at once."""
-        if not self.connection_slots.acquire(blocking=False):
+        slots = self.connection_slots
+        if not slots.acquire(blocking=False):
             with contextlib.suppress(OSError):
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
                                 b"Connection: close\r\n\r\n")
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        self._slot_of[request] = slots  # released into the semaphore it came from
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slot_of.pop(request).release()
+            raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.connection_slots.release()
+            self._slot_of.pop(request).release()
 
 
 class ExplorerHandler(BaseHTTPRequestHandler):
