@@ -26,6 +26,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_result  # noqa: E402
+
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 60
 CLOCK = ("time", "elapsed", "tokens_per_s", "train_seconds", "seconds")
@@ -98,8 +101,8 @@ def case(base: list[str], ref: Path, run: Path, duration: float, lines: int, rng
         break
     ok_weights = same(ref, run, "last.safetensors") and same(ref, run, "model.safetensors")
     ok_metrics = events(ref) == events(run)
-    return {"kills": kills, "kills_of_a_fresh_run": killed_fresh, "weights_equal": ok_weights, "metrics_equal": ok_metrics,
-            "survived": ok_weights and ok_metrics}
+    return {"kills": kills, "kills_of_a_fresh_run": killed_fresh, "weights_equal": ok_weights,
+            "metrics_equal": ok_metrics, "survived": ok_weights and ok_metrics}
 
 
 def main() -> None:
@@ -107,8 +110,9 @@ def main() -> None:
     ap.add_argument("--job", choices=["lm", "mt"], default="lm")
     ap.add_argument("--cases", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", help="default: bench/results/faults_JOB.json")
     args = ap.parse_args()
+    args.out = args.out or f"bench/results/faults_{args.job}.json"
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -124,15 +128,11 @@ def main() -> None:
             lines = (root / "ref" / "metrics.jsonl").read_text().count("\n")
             results.append(case(base, root / "ref", root / f"case{i}", duration, lines, rng))
             print(f"case {i}: {results[-1]}", file=sys.stderr)
-    report = {"command": "python bench/faults.py " + " ".join(sys.argv[1:]), "job": args.job,
-              "date": time.strftime("%Y-%m-%d"), "uninterrupted_seconds": round(duration, 1),
+    report = {"job": args.job, "uninterrupted_seconds": round(duration, 1),
               "cases": len(results), "kills": sum(len(r["kills"]) for r in results),
               "survived": sum(r["survived"] for r in results), "lost": sum(not r["survived"] for r in results),
               "results": results}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ from qkv.generation.beam import beam_search
 from qkv.models.gpt import GPT
 from qkv.models.transformer import Transformer
 from qkv.training.optim import build_adamw
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_result  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks, from the vendors' data sheets, in FLOP/s.
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
@@ -95,15 +98,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny sizes: check the script, not the machine")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", default="bench/results/gpu_check.json")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     small = args.small
     report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                    "command": "python bench/gpu_check.py " + " ".join(sys.argv[1:]), "train": [], "decode": {}}
+                    "train": [], "decode": {}}
 
     # The paper's base model: batches of 25k target tokens (400 pairs of 64 + 64 tokens).
     cfg = preset("tiny-transformer" if small else "transformer-base", vocab_size=1000 if small else 37000,
@@ -143,10 +145,7 @@ def main() -> None:
         beam_search(mt, sources, 1, 2, beam_size=4, limit=30)
         sync(device)
     report["decode"]["mt_beam4_16x30_sentences_per_s"] = 16 / (time.perf_counter() - t0)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":

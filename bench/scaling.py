@@ -24,6 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {"1x2": (0, 2), "2x1": (2, 1), "1x1": (0, 1), "ddp1": (1, 1)}  # (launcher ranks, threads per process)
 
@@ -65,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--jobs", nargs="+", default=list(JOBS))
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", default="bench/results/scaling.json")
     args = ap.parse_args()
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,12 +82,7 @@ def main() -> None:
             med = {layout: statistics.median(v) for layout, v in samples.items()}
             results[job] = {"tokens_per_s": samples, "median": med,
                             "ratio_2x1_vs_1x2": med["2x1"] / med["1x2"], "ratio_ddp1_vs_1x1": med["ddp1"] / med["1x1"]}
-    report = {"command": "python bench/scaling.py " + " ".join(sys.argv[1:]), "rounds": args.rounds,
-              "cpu": os.cpu_count(), "results": results}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    write_result(args.out, {"rounds": args.rounds, "results": results})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Two ways to share, for two kinds of work:
 - :meth:`Ranks.share`: every ``world_size``-th item of a list (evaluation batches, windows,
   sentences), so that each rank's share is as long and as costly as the others'.
 
-:meth:`Ranks.sum` adds a tensor over the ranks (every rank gets the total); :meth:`Ranks.collect` puts
+:meth:`Ranks.sum` adds a tensor over the ranks (every rank gets the total), :meth:`Ranks.add` numbers;
+:meth:`Ranks.collect` puts
 items computed in shares back in their original order. Both are collectives: every rank must call
 them, in the same order.
 """
@@ -93,10 +94,16 @@ class Ranks:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
         return total
 
+    def add(self, *values: float, device: torch.device | str = "cpu") -> list[float]:
+        """Each of ``values`` added over the ranks (in float64, one collective for all of them)."""
+        if self.group is None:
+            return [float(v) for v in values]
+        return self.sum(torch.tensor(values, dtype=torch.float64, device=device)).tolist()
+
     def mean_of(self, total: float, count: float, device: torch.device | str = "cpu") -> float:
         """The mean of everything the ranks scored, from each rank's ``total`` and ``count`` (0 if none)."""
-        both = self.sum(torch.tensor([total, count], dtype=torch.float64, device=device))
-        return float(both[0] / both[1]) if float(both[1]) > 0 else 0.0
+        total, count = self.add(total, count, device=device)
+        return total / count if count > 0 else 0.0
 
     def collect(self, mine: Sequence[T], n: int) -> list[T]:
         """The ``n`` items computed in shares (:meth:`share`), in their original order, on every rank."""

@@ -15,15 +15,19 @@ WEIGHTS_HELP = (f"which weights of the run: {', '.join(WEIGHT_NAMES)} (default: 
                 "else best, else last), or a .safetensors file")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (batch sizes, beams, token counts), refused as the arguments are read."""
+def _integer(text: str, low: int, high: int | None, need: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be {need}, got {text!r}") from None
+    if value < low or (high is not None and value >= high):
+        raise argparse.ArgumentTypeError(f"must be {need}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (batch sizes, beams, token counts), refused as the arguments are read."""
+    return _integer(text, 1, None, "an integer >= 1")
 
 
 def finite_float(text: str) -> float:
@@ -39,13 +43,7 @@ def finite_float(text: str) -> float:
 
 def seed(text: str) -> int:
     """An argparse type: a seed in [0, 2^63)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
-    return value
+    return _integer(text, 0, 2**63, "in [0, 2^63)")
 
 
 def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:

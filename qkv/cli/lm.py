@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("finetune", help="supervised fine-tuning of a GPT run, optionally mixed or LoRA",
                               description="Fine-tune the weights of --run (fresh optimizer) on (prompt, response) "
                                           "pairs, the loss on response tokens only.")
-    p.add_argument("--run", "--run-dir", "--init-from", dest="base", required=True, metavar="BASE", help="the pretrained run")
+    p.add_argument("--run", "--run-dir", "--init-from", dest="base", required=True, metavar="BASE",
+                   help="the pretrained run")
     p.add_argument("--data", required=True, help="JSONL of {prompt, response}, or CORPUS:SPLIT (e.g. cmn-eng:train)")
     p.add_argument("--valid", help="held-out pairs for the task loss (JSONL or CORPUS:SPLIT)")
     p.add_argument("--out", required=True, help="the new run directory")

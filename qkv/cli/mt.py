@@ -41,9 +41,11 @@ def register(subparsers) -> None:
                               description="Translate stdin (or --input) line by line: one output line per input "
                                           "line, an empty line for an empty line.")
     p.add_argument("--run", "--run-dir", required=True, help="run directory written by `qkv train mt` or `qkv demo`")
-    p.add_argument("--beam", type=positive_int, default=BEAM, help=f"beam size (1: greedy; default {BEAM}, as the paper)")
+    p.add_argument("--beam", type=positive_int, default=BEAM,
+                   help=f"beam size (1: greedy; default {BEAM}, as the paper)")
     p.add_argument("--alpha", type=finite_float, default=ALPHA, help=f"length penalty (default {ALPHA}, as the paper)")
-    p.add_argument("--nbest", type=positive_int, default=1, help="print the N best translations, tab-separated with scores")
+    p.add_argument("--nbest", type=positive_int, default=1,
+                   help="print the N best translations, tab-separated with scores")
     p.add_argument("--input", "-i", help="read this file instead of stdin")
     p.add_argument("--output", "-o", help="write this file instead of stdout")
     p.add_argument("--truncate", action="store_true",
@@ -76,7 +78,8 @@ def register(subparsers) -> None:
                               description="Train on the embedded Chinese-English demo corpus (no files, no network), "
                                           "print the test BLEU, translate unseen sentences and draw the "
                                           "cross-attention of the seed sentence.")
-    p.add_argument("--run", "--run-dir", default="runs/demo", help="run directory (default runs/demo; replaced if it exists)")
+    p.add_argument("--run", "--run-dir", default="runs/demo",
+                   help="run directory (default runs/demo; replaced if it exists)")
     p.add_argument("--seed", type=seed, default=None, help="training seed (default: the demo config's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="demo recipe overrides, e.g. train.steps=200")
     p.set_defaults(func=cmd_demo)

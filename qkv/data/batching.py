@@ -62,7 +62,9 @@ class Batch:
 
     def rows(self, rows: slice, pad_id: int) -> Batch:
         """The pairs ``rows`` of this batch (a data-parallel rank's block), without the padding columns they
-        no longer need."""
+        no longer need (the batch itself when ``rows`` are all of them: one process)."""
+        if range(*rows.indices(self.size)) == range(self.size):
+            return self
         src, tgt_in, tgt_out = self.src[rows], self.tgt_in[rows], self.tgt_out[rows]
         src_real, tgt_real = src != pad_id, tgt_out != pad_id  # (b, S), (b, T)
         s = int(src_real.sum(1).max()) if len(src) else 0

@@ -76,8 +76,7 @@ def evaluate_tokens(
                 logits = model(x.to(device))
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
-    device_sums = torch.tensor([total, count], dtype=torch.float64, device=device)
-    total, count = (float(v) for v in ranks.sum(device_sums))
+    total, count = ranks.add(total, count, device=device)
     loss = total / count
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
 

@@ -189,7 +189,7 @@ def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int,
             out = masked_nll(logits.float(), y, mask)
             total += out.nll.item() * int(out.n_tokens)
             count += int(out.n_tokens)
-    total, count = (float(v) for v in ranks.sum(torch.tensor([total, count], dtype=torch.float64, device=device)))
+    total, count = ranks.add(total, count, device=device)
     loss = total / max(count, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
 

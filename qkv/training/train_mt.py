@@ -20,6 +20,7 @@ Everything a run produces is in its directory (:mod:`qkv.runs`): ``config.json``
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -152,10 +153,10 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
     with ``ranks``, each rank scores every ``world_size``-th batch and the sums are added."""
     loss_sum = nll_sum = 0.0
     n = 0
-    batches = list(eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id))
+    batches = eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id)
     with evaluating(model):
-        for i in ranks.share(len(batches)):
-            batch = batches[i].to(device)
+        for batch in itertools.islice(batches, ranks.rank, None, ranks.world_size):  # this rank's share
+            batch = batch.to(device)
             keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
             with autocast(device, amp):
                 logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
@@ -164,8 +165,7 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
             loss_sum += float(out.loss) * k
             nll_sum += float(out.nll) * k
             n += k
-    loss_sum, nll_sum, n = (float(v) for v in ranks.sum(torch.tensor([loss_sum, nll_sum, n], dtype=torch.float64,
-                                                                         device=device)))
+    loss_sum, nll_sum, n = ranks.add(loss_sum, nll_sum, n, device=device)
     return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
 
 

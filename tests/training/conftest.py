@@ -33,3 +33,21 @@ def make_model():
         return TinyLM(**kwargs)
 
     return make
+
+
+@pytest.fixture
+def crash_at(monkeypatch):
+    """``crash_at(module, step)``: the trainer of ``module`` dies (KeyboardInterrupt) before its update at ``step``;
+    ``monkeypatch.undo()`` ends it."""
+
+    def install(module, step: int) -> None:
+        real = module.optimizer_step
+
+        def dies(optimizer, loss, at, *args):
+            if at == step:
+                raise KeyboardInterrupt
+            return real(optimizer, loss, at, *args)
+
+        monkeypatch.setattr(module, "optimizer_step", dies)
+
+    return install

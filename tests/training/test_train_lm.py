@@ -49,21 +49,14 @@ def _events(run):
     return [{k: v for k, v in r.items() if k not in ("time", "elapsed", "train_seconds")} for r in rows]
 
 
-def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(tmp_path, monkeypatch):
+def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(tmp_path, monkeypatch, crash_at):
     """Steps 6-7 are logged after the checkpoint at step 5, then the run dies: the resumed run logs them again,
     and metrics.jsonl holds them once."""
     from qkv.training import train_lm as module
 
     recipe = tiny(tmp_path)
     train_lm(recipe, tmp_path / "a", quiet=True, plot=False)
-    real = module.optimizer_step
-
-    def dies_at_step_8(optimizer, loss, step, *args):
-        if step == 8:
-            raise KeyboardInterrupt
-        return real(optimizer, loss, step, *args)
-
-    monkeypatch.setattr(module, "optimizer_step", dies_at_step_8)
+    crash_at(module, 8)
     with pytest.raises(KeyboardInterrupt):
         train_lm(recipe, tmp_path / "b", quiet=True, plot=False)
     monkeypatch.undo()

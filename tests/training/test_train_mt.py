@@ -79,20 +79,14 @@ def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
         assert torch.equal(p, q), name
 
 
-def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(straight, tmp_path, monkeypatch):
+def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(straight, tmp_path, monkeypatch,
+                                                                             crash_at):
     """Step 4 is logged after the checkpoint at step 3, then the run dies at step 5: metrics.jsonl holds the
     resumed run's step 4 once, and equals the uninterrupted run's (clock fields aside)."""
     from qkv.training import train_mt as module
 
     run, _ = straight
-    real = module.optimizer_step
-
-    def dies_at_step_5(optimizer, loss, step, *args):
-        if step == 5:
-            raise KeyboardInterrupt
-        return real(optimizer, loss, step, *args)
-
-    monkeypatch.setattr(module, "optimizer_step", dies_at_step_5)
+    crash_at(module, 5)
     with pytest.raises(KeyboardInterrupt):
         train(TINY, tmp_path / "cut", quiet=True)
     monkeypatch.undo()
