@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 import yaml
 
-from qkv.io import DataError, QkvError, did_you_mean, read_json, write_json
+from qkv.io import DataError, QkvError, did_you_mean, read_json, read_text_file, write_json
 
 T = TypeVar("T")
 
@@ -308,9 +308,14 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        data = yaml.safe_load(read_text_file(path)) or {}
+    except DataError as e:  # not UTF-8: the file, line and byte
+        raise ConfigError(str(e)) from None
+    except yaml.YAMLError as e:  # one line: file:line, what YAML expected (its own message draws a caret)
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level, got {type(data).__name__}")
     return data

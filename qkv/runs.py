@@ -37,7 +37,7 @@ from qkv.data.lm import TOKENS_FILE
 from qkv.io import DataError, QkvError, did_you_mean, read_json, resolve_device
 from qkv.models import GPT, Transformer
 from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
-from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_weights
+from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -274,18 +274,27 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
                                 f"{TOKENIZER_FILE} and its weights")
     model = MODELS[run.arch](run.model_config)
     tokenizer = run.tokenizer()
+    tensors, _ = read_weights(path)  # a damaged file is its own error (CheckpointError), not a mismatch
     try:
-        load_weights(path, model)
+        load_state_dict_into(model, tensors, source=str(path))
     except CheckpointError as e:
-        raise RunError(f"{e}\n(the weights do not match {run.file(CONFIG_FILE)}: files from different runs?)") from None
+        raise RunError(f"{e} (the weights do not match {run.file(CONFIG_FILE)}: files from different runs?)") from None
     return model.to(device).eval(), tokenizer
 
 
-def require_arch(run: Run, arch: str, command: str) -> None:
-    """A clear error when ``run`` holds the other kind of model than ``command`` needs."""
+def require_arch(run: Run, arch: str, command: str, instead: str | None = None) -> None:
+    """A clear error when ``run`` holds the other kind of model than ``command`` needs.
+
+    Args:
+        instead: The command that does the same with the run's own kind (``qkv generate`` for
+            ``qkv translate``), named in the error.
+    """
     if run.arch != arch:
         kind = "an encoder-decoder" if arch == "transformer" else "a GPT"
-        raise RunError(f"{run.path} holds a {run.arch!r} model, not {kind}; {command} needs a run of {_MAKERS[arch]}")
+        what = "a translation run" if run.arch == "transformer" else "a GPT run"
+        hint = f"; this is {what}: use {instead}" if instead else ""
+        raise RunError(f"{run.path} holds a {run.arch!r} model, not {kind}; {command} needs a run of "
+                       f"{_MAKERS[arch]}{hint}")
 
 
 __all__ = [

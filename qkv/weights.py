@@ -50,9 +50,9 @@ def _aliases(state_dict: Mapping[str, torch.Tensor]) -> list[list[str]]:
     return [sorted(g) for g in groups.values()]
 
 
-def _short(names: Sequence[str], limit: int = 20) -> str:
+def _short(names: Sequence[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+    return f"{len(names)} ({shown}{f', ... {len(names) - limit} more' if len(names) > limit else ''})"
 
 
 def load_state_dict_into(
@@ -102,14 +102,15 @@ def load_state_dict_into(
         if name in own and tuple(t.shape) != tuple(own[name].shape):
             mismatched.append(f"{name}: file {tuple(t.shape)} vs model {tuple(own[name].shape)}")
     if mismatched or (strict and (missing or unexpected)):
-        lines = [f"{source}: cannot load into {type(model).__name__}:"]
+        # One line (the CLI prints errors as one), the counts first: a few names say which part differs.
+        parts = []
         if missing:
-            lines.append(f"  missing keys (in the model, not in the file): {_short(missing)}")
+            parts.append(f"missing keys (in the model, not in the file): {_short(missing)}")
         if unexpected:
-            lines.append(f"  unexpected keys (in the file, not in the model): {_short(unexpected)}")
+            parts.append(f"unexpected keys (in the file, not in the model): {_short(unexpected)}")
         if mismatched:
-            lines.append(f"  shape mismatches: {_short(mismatched)}")
-        raise CheckpointError("\n".join(lines))
+            parts.append(f"shape mismatches: {_short(mismatched)}")
+        raise CheckpointError(f"{source}: cannot load into {type(model).__name__}: {'; '.join(parts)}")
     # strict=False: tied aliases that the file does not name are reported missing by torch, though
     # loading their twin filled them; the lists above are the true ones.
     model.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)

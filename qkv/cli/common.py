@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 from qkv.config import recipe_names
 from qkv.io import DEVICE_DEFAULT
@@ -44,6 +45,13 @@ def finite_float(text: str) -> float:
 def seed(text: str) -> int:
     """An argparse type: a seed in [0, 2^63)."""
     return _integer(text, 0, 2**63, "in [0, 2^63)")
+
+
+def directory(text: str) -> str:
+    """An argparse type: a directory that is there (``--data-dir``: a typo would otherwise search on quietly)."""
+    if not Path(text).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"no such directory: {text}")
+    return text
 
 
 def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from qkv.cli.common import directory
 from qkv.data import corpora
 
 
@@ -40,14 +41,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     names = args.names or [c.name for c in corpora.list_corpora()]
     explicit = bool(args.names)
+    for name in names:  # an unknown name is bad input: refused before any corpus is read
+        corpora.get_corpus(name)
     failed = checked = 0
     for name in names:
-        try:
-            corpora.get_corpus(name)
-        except corpora.DataError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failed += 1
-            continue
         report = corpora.check_corpus(name, args.data_dir, verify_sha=not args.no_sha)
         if report.directory is None:
             if explicit:  # asked for by name: missing is a failure
@@ -72,12 +69,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    for name in args.names:  # an unknown name is bad input: refused before anything is downloaded
+        corpora.get_corpus(name)
     failed = 0
     for name in args.names:
         try:
             path = corpora.fetch(name, args.data_dir, force=args.force)
-        except corpora.DataError as e:
-            print(f"error: {e}", file=sys.stderr)
+        except corpora.DataError as e:  # this corpus failed (a download, a checksum): the others still come
+            print(f"qkv data: error: {e}", file=sys.stderr)
             failed += 1
             continue
         print(f"{name}: {path}")
@@ -95,8 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = data.add_subparsers(dest="data_command", metavar="{list,check,fetch}")
     sub.required = True
 
-    def common(p: argparse.ArgumentParser, what: str) -> None:
-        p.add_argument("--data-dir", metavar="DIR", default=None, help=what)
+    def common(p: argparse.ArgumentParser, what: str, searched: bool = True) -> None:
+        # A root that is searched must be there; the one fetch writes to is created.
+        p.add_argument("--data-dir", metavar="DIR", default=None, type=directory if searched else str, help=what)
 
     p = sub.add_parser("list", help="the registered corpora, their sizes and where they were found")
     common(p, "a data root searched first")
@@ -111,5 +111,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fetch", help="download from the canonical source and verify sha256")
     p.add_argument("names", nargs="+", metavar="NAME", help="corpora to download")
     p.add_argument("--force", action="store_true", help="download even if a verified copy is there")
-    common(p, f"the data root to write to (default: {corpora.cache_root()})")
+    common(p, f"the data root to write to (default: {corpora.cache_root()})", searched=False)
     p.set_defaults(func=cmd_fetch)

@@ -9,6 +9,7 @@ import platform
 import torch
 
 import qkv
+from qkv.cli.common import positive_int
 from qkv.config import PAPER_PARAMS, PRESETS, preset
 from qkv.models import build_model, count_parameters, flops_per_token
 
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``info`` to the ``qkv`` command line."""
     p = subparsers.add_parser("info", help="version, torch, threads, device; a preset's size and FLOPs")
     p.add_argument("--preset", help="a model preset, e.g. transformer-base")
-    p.add_argument("--vocab", type=int, help="vocabulary size to use with the preset")
+    p.add_argument("--vocab", type=positive_int, help="vocabulary size to use with the preset")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
 

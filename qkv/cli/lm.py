@@ -73,8 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="YAML with a train: section (or a finetune: section holding one, as bench/forgetting.yaml)")
     cure = p.add_mutually_exclusive_group()
     cure.add_argument("--mix", type=finite_float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
-    cure.add_argument("--lora", type=int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
+    cure.add_argument("--lora", type=positive_int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
+    p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
     add_launcher(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (train.steps=200, train.lr=1e-4)")
@@ -109,6 +110,7 @@ def _train_lm(args: argparse.Namespace) -> int:
     if args.resume:
         if not args.run:
             raise ValueError("--resume needs --run DIR")
+        require_arch(Run(args.run), "gpt", "qkv train lm --resume", instead="qkv train mt --resume")
         recipe = load_run_recipe(args.run)
         if args.overrides:
             recipe = apply_overrides(recipe, args.overrides)
@@ -118,6 +120,8 @@ def _train_lm(args: argparse.Namespace) -> int:
             raise ValueError(f"give --recipe NAME ({', '.join(recipe_names('lm'))}) or FILE, or --resume --run DIR")
         recipe = load_lm_recipe(args.recipe, args.overrides)
         run = args.run or str(Path("runs") / Path(args.recipe).stem)
+    if args.init_from:
+        require_arch(Run(args.init_from), "gpt", "--init-from")
     result = train_lm(recipe, run, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
                       quiet=args.quiet)
     print(json.dumps({
@@ -176,7 +180,7 @@ def _finetune(args: argparse.Namespace) -> int:
     cfg = recipe.train
     train_pairs = load_pairs(args.data)
     valid_pairs = load_pairs(args.valid) if args.valid else None
-    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume, quiet=args.quiet,
+    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
                       data_spec=args.data)
     print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.before,
                       "after": result.after, "train_seconds": round(result.train_seconds, 1)}))
@@ -193,7 +197,7 @@ def _convert_gpt2(args: argparse.Namespace) -> int:
 
 def _eval_lm(args: argparse.Namespace) -> int:
     run = Run(args.run)
-    require_arch(run, "gpt", "qkv eval lm")
+    require_arch(run, "gpt", "qkv eval lm", instead="qkv eval mt")
     model, tokenizer = load_model(run, args.weights, args.device)
     recipe = load_run_recipe(run.path)
     if args.text:

@@ -14,14 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
-from qkv.cli.common import add_device, add_training_run, add_weights, command_group, finite_float, positive_int, seed
+from qkv.cli.common import add_device, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed
 from qkv.config import ALPHA, BEAM, from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
 from qkv.evaluation.bleu import score
 from qkv.generation.api import InputTooLongError, Translator
-from qkv.io import read_lines
-from qkv.runs import CONFIG_FILE, Run
+from qkv.io import read_lines, write_text
+from qkv.runs import CONFIG_FILE, Run, require_arch
 from qkv.training.train_mt import load_train_config, train
 
 
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
                          description="Train a translation Transformer with the paper's recipe. Example: "
                                      "qkv train mt --recipe demo --run runs/demo train.steps=2000")
     add_training_run(p, "mt")
-    p.add_argument("--data-dir", help="data root searched first for the corpus")
+    p.add_argument("--data-dir", type=directory, help="data root searched first for the corpus")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="recipe overrides, e.g. model.d_model=256 train.lr_factor=2")
     p.set_defaults(func=cmd_train_mt)
@@ -68,7 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--beam", type=positive_int, default=BEAM)
     p.add_argument("--alpha", type=finite_float, default=ALPHA)
     p.add_argument("--output", "-o", help="also write the translations here")
-    p.add_argument("--data-dir", help="data root searched first for the corpus")
+    p.add_argument("--data-dir", type=directory, help="data root searched first for the corpus")
     add_weights(p)
     add_device(p)
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -95,6 +95,8 @@ def cmd_train_mt(args: argparse.Namespace) -> int:
     if args.resume and not args.run:
         raise ValueError("--resume needs --run DIR (the run to continue)")
     run_dir = Path(args.run) if args.run else Path("runs") / Path(args.recipe).stem
+    if args.resume:
+        require_arch(Run(run_dir), "transformer", "qkv train mt --resume", instead="qkv train lm --resume")
     cfg = load_train_config(args.recipe, args.overrides, run_dir, args.resume)
     if args.data_dir:
         cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
@@ -220,7 +222,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
         print(f"translating {len(src)} sentences (beam {args.beam})...", file=sys.stderr)
         hyps = translator.translate(src, beam=args.beam, alpha=args.alpha, truncate=True)
     if args.output:
-        Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        write_text(args.output, "\n".join(hyps) + "\n")
     result = score(hyps, refs)
     if args.json:
         print(json.dumps({"what": what, **result}, indent=2))

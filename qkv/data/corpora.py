@@ -265,7 +265,9 @@ def cache_root() -> Path:
 def search_roots(data_dir: str | Path | None = None) -> list[Path]:
     """The data roots searched, in order: ``data_dir``, ``$QKV_DATA``, ``../shared/data``, the user cache."""
     roots: list[Path] = []
-    if data_dir is not None:
+    if data_dir is not None:  # asked for by name: a directory that is not there is a typo, not "search on"
+        if not Path(data_dir).expanduser().is_dir():
+            raise DataError(f"data directory not found: {data_dir} (--data-dir or data.data_dir)")
         roots.append(Path(data_dir).expanduser())
     if os.environ.get(ENV_VAR):
         roots.append(Path(os.environ[ENV_VAR]).expanduser())

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from qkv.io import atomic_paths
 
 TOKENS_FILE = "tokens.bin"
 _META_SUFFIX = ".json"
@@ -72,12 +73,10 @@ def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: 
         raise ValueError(f"{path}: the corpus has {ids.size} tokens; a language model needs at least 2")
     if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
         raise ValueError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    ids.astype(dtype).tofile(tmp)
-    os.replace(tmp, path)
     meta = {"fingerprint": key, "dtype": dtype.name, "length": int(ids.size), "vocab_size": tokenizer.vocab_size}
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    with atomic_paths(path, meta_path) as (tmp_ids, tmp_meta):  # the tokens and their fingerprint, as a set
+        ids.astype(dtype).tofile(tmp_ids)
+        tmp_meta.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return load_tokens(path)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from qkv.io import QkvError
+from qkv.io import QkvError, write_text
 from qkv.data.corpora import get_corpus, read_parallel
 
 # Language codes of the registered corpora, as words for the instruction format.
@@ -79,12 +79,8 @@ def read_jsonl_pairs(path: str | Path) -> list[Pair]:
 
 def write_jsonl_pairs(pairs: Sequence[Pair], path: str | Path) -> Path:
     """Write pairs as JSON lines (UTF-8, characters unescaped)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for p in pairs:
-            f.write(json.dumps({"prompt": p.prompt, "response": p.response}, ensure_ascii=False) + "\n")
-    return path
+    return write_text(path, "".join(json.dumps({"prompt": p.prompt, "response": p.response}, ensure_ascii=False)
+                                    + "\n" for p in pairs))
 
 
 def instruction_prompt(source: str, src_lang: str = "zh", tgt_lang: str = "en") -> str:

@@ -66,7 +66,7 @@ class Translator:
             RunError: files that do not belong together, or a run of a GPT.
         """
         run = Run.of(run)
-        require_arch(run, "transformer", "translation")
+        require_arch(run, "transformer", "translation", instead="qkv generate")
         model, tokenizer = load_model(run, weights, device)
         return cls(model, tokenizer, max_tokens=max_tokens)
 

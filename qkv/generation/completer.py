@@ -53,7 +53,7 @@ class Completer:
         """Load the model, tokenizer and start text of a run directory (``qkv train lm``, ``qkv finetune``,
         ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path)."""
         run = Run.of(run)
-        require_arch(run, "gpt", "text generation")
+        require_arch(run, "gpt", "text generation", instead="qkv translate")
         model, tokenizer = load_model(run, weights, device)
         return cls(model, tokenizer, start_text=run.start_text, compile=compile)
 

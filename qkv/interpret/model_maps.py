@@ -20,7 +20,7 @@ from qkv.generation.api import Translator
 from qkv.generation.decode import generate
 from qkv.interpret.capture import capture_attention
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS
-from qkv.io import evaluating, model_device
+from qkv.io import evaluating, model_device, valid_text
 from qkv.runs import Run, load_model
 
 
@@ -104,20 +104,21 @@ def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens
         translator = Translator.from_run(run, device=device)
 
         def provide(text: str) -> dict:
-            _check_text(text)
-            return translation_maps(translator, text, beam)
+            return translation_maps(translator, _checked_text(text), beam)
     else:
         model, tokenizer = load_model(run, device=device)
 
         def provide(text: str) -> dict:
-            _check_text(text)
-            return completion_maps(model, tokenizer, text, max_new_tokens)
+            return completion_maps(model, tokenizer, _checked_text(text), max_new_tokens)
 
     return provide
 
 
-def _check_text(text: str) -> None:
+def _checked_text(text: str) -> str:
+    """``text`` as the maps are made of it: within the explorer's limit, not blank, and encodable (lone
+    surrogates, which a JSON escape can carry, become U+FFFD: the payload echoes the text as UTF-8)."""
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"text of {len(text)} characters; at most {MAX_TEXT_CHARS}")
     if not text.strip():
         raise ValueError("the text is empty")
+    return valid_text(text)

@@ -12,6 +12,8 @@ from typing import Sequence
 
 from torch import Tensor
 
+from qkv.io import atomic_path
+
 CJK_FONTS = (
     "WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
     "Source Han Sans CN", "PingFang SC", "Microsoft YaHei", "SimHei", "Heiti SC", "Arial Unicode MS",
@@ -78,7 +80,7 @@ def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Seq
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return out_png

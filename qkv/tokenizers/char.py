@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from qkv.io import write_text
 from qkv.tokenizers import (
     BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, UNK_ID, TokenizerError, as_int_list, check_id,
 )
@@ -150,8 +151,7 @@ class CharTokenizer:
             "on_unknown": self.on_unknown,
             "chars": self.chars,
         }
-        path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        return path
+        return write_text(path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:

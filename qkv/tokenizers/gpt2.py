@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from unittest import mock
 
-from qkv.io import valid_text
+from qkv.io import atomic_paths, valid_text
 from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list, check_id
 
 MERGES_FILE = "tokenizer.bpe"
@@ -45,7 +45,7 @@ def _tiktoken():
 def _write_ranks(ranks: dict[bytes, int], path: Path) -> None:
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
     path.write_text("".join(f"{base64.b64encode(token).decode('ascii')} {rank}\n" for token, rank in by_rank),
-                    encoding="ascii")
+                    encoding="ascii")  # into a temporary file of save's atomic pair
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
@@ -161,11 +161,12 @@ class GPT2Tokenizer:
         """Write ``tokenizer.json`` (name, regex, special tokens) and ``tokenizer.bpe`` (the merges)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_ranks(self.spec["mergeable_ranks"], directory / MERGES_FILE)
         meta = {k: v for k, v in self.spec.items() if k != "mergeable_ranks"}
         path = directory / TOKENIZER_FILE
-        path.write_text(json.dumps({"qkv_tokenizer": "tiktoken", "merges": MERGES_FILE, **meta}, ensure_ascii=False,
-                                   indent=1), encoding="utf-8")
+        with atomic_paths(directory / MERGES_FILE, path) as (tmp_merges, tmp_json):  # the two files as a set
+            _write_ranks(self.spec["mergeable_ranks"], tmp_merges)
+            tmp_json.write_text(json.dumps({"qkv_tokenizer": "tiktoken", "merges": MERGES_FILE, **meta},
+                                           ensure_ascii=False, indent=1), encoding="utf-8")
         return path
 
     @classmethod

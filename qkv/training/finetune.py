@@ -40,7 +40,7 @@ from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import atomic_path, autocast, evaluating, model_device, to_device, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
-from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run
+from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, require_arch
 from qkv.parallel import SINGLE, Ranks
 from qkv.training.distributed import synced
 from qkv.training.lm_run import load_run_recipe
@@ -232,6 +232,7 @@ def finetune(
     base_run, out_dir = Path(base_run), Path(out_dir)
     runtime = start(cfg)
     device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
+    require_arch(Run(base_run), "gpt", "qkv finetune")
     recipe = load_run_recipe(base_run)
     context = recipe.context
     if out_dir.resolve() == base_run.resolve():

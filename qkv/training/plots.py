@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qkv.io import atomic_path
 from qkv.training.logging import read_metrics
 
 
@@ -67,6 +68,6 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str | None
             ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("step")
     fig.suptitle(title if title is not None else metrics_path.parent.name or str(metrics_path))
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     return out_png

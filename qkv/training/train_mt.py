@@ -38,7 +38,7 @@ from qkv.data.batching import BatchStream, eval_batches
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
 from qkv.generation.api import Translator
-from qkv.io import autocast, evaluating, write_json
+from qkv.io import autocast, evaluating, write_json, write_text
 from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (
@@ -370,7 +370,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         scores, hyps = translate_and_score(model, tok, test_src, test_tgt, tc.test_beam, tc.test_alpha, d.max_tokens,
                                            ranks)
         if ranks.is_main:
-            (run_dir / f"{d.test}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            write_text(run_dir / f"{d.test}.hyp", "\n".join(hyps) + "\n")
         metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=tc.test_beam)
         summary["test"] = {**scores, "split": d.test, "beam": tc.test_beam,
                            "seconds": round(time.perf_counter() - t0, 1)}

@@ -41,6 +41,11 @@ def test_check_ok_and_failure_exit_codes(isolated, tiny, capsys, write_corpus):
 
 
 def test_check_missing(isolated, tiny, capsys, write_corpus):
+    # A --data-dir that is not there is a typo, refused as the arguments are read (not "searched, found nothing").
+    with pytest.raises(SystemExit):
+        run(["data", "check", "--data-dir", str(isolated / "d"), "tiny"])
+    assert f"argument --data-dir: no such directory: {isolated / 'd'}" in capsys.readouterr().err
+    (isolated / "d").mkdir()
     # Named and missing: a failure that says where it looked.
     assert run(["data", "check", "--data-dir", str(isolated / "d"), "tiny"]) == 1
     assert "not found" in capsys.readouterr().out
@@ -50,8 +55,10 @@ def test_check_missing(isolated, tiny, capsys, write_corpus):
     assert run(["data", "check", "--data-dir", str(isolated / "d"), "--no-sha"]) == 0
     out = capsys.readouterr().out
     assert "multi30k: missing (skipped)" in out and "tiny: OK" in out
-    assert run(["data", "check", "nonsense"]) == 1
-    assert "unknown corpus 'nonsense'" in capsys.readouterr().err
+    # An unknown name is bad input, refused before any corpus is checked (the CLI's boundary: exit 2).
+    with pytest.raises(C.DataError, match="unknown corpus 'nonsense'"):
+        run(["data", "check", "tiny", "nonsense"])
+    assert "tiny" not in capsys.readouterr().out
 
 
 def test_fetch_command(isolated, tiny, capsys, monkeypatch, serving):

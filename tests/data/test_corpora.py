@@ -63,6 +63,9 @@ def test_unknown_names_are_clear_errors():
 
 def test_lookup_order(isolated, tiny, monkeypatch, write_corpus):
     explicit, env, shared, cache = (isolated / n for n in ("explicit", "env", "checkout-shared", "cache/qkv/data"))
+    with pytest.raises(C.DataError, match="data directory not found"):  # named, so it must be there
+        C.search_roots(explicit)
+    explicit.mkdir()
     assert C.search_roots(explicit)[0] == explicit
     assert C.search_roots()[-1] == cache  # the user cache honours $XDG_CACHE_HOME
     monkeypatch.setenv(C.ENV_VAR, str(env))
