@@ -1,6 +1,6 @@
 """A fault campaign: SIGKILL a trainer at random instants, resume it, and compare with a run never killed.
 
-Each case starts ``qkv train lm|mt`` on a small recipe that checkpoints often (so kills land inside
+Each case starts ``qkv train lm|mt`` or ``qkv finetune`` on a small recipe that checkpoints often (so kills land inside
 checkpoint writes too), kills it at a random instant of its life (start-up, tokenizing, training,
 saving, the final evaluation), possibly kills the resumed run again, then resumes until it finishes.
 A case *survives* when the final weights (``last`` and ``model``) are bitwise those of the
@@ -9,6 +9,7 @@ uninterrupted run and metrics.jsonl holds the same events line for line (clock f
 (``--overwrite``): nothing was there to keep.
 
     python bench/faults.py --job lm --cases 20 --out bench/results/faults_lm.json
+    python bench/faults.py --job finetune --cases 15
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ CLOCK = ("time", "elapsed", "tokens_per_s", "train_seconds", "seconds")
 
 
 def recipe(job: str, root: Path) -> list[str]:
+    """The command of ``job`` without its run directory (a fine-tuning case first pretrains its base)."""
+    if job == "finetune":
+        base = recipe("lm", root)
+        subprocess.run([sys.executable, "-m", "qkv", *base, "--run", str(root / "base"), "--quiet", "train.steps=60"],
+                       check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        (root / "sft.jsonl").write_text("".join(
+            json.dumps({"prompt": f"All:\n{w}", "response": " Speak."}) + "\n"
+            for w in ("Before", "we", "proceed", "any", "further", "hear", "me", "speak")), encoding="utf-8")
+        return ["finetune", "--run", str(root / "base"), "--data", str(root / "sft.jsonl"), "train.steps=40",
+                "train.warmup=2", "train.eval_every=2", "train.log_every=1", "train.eval_iters=2",
+                "train.batch_size=4", "train.mix=0.5", "train.pretrain_batch_size=4"]
     if job == "lm":
         (root / "text.txt").write_text(TEXT, encoding="utf-8")
         (root / "lm.yaml").write_text(f"""
@@ -70,12 +82,18 @@ def same(a: Path, b: Path, name: str) -> bool:
     return wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
 
 
+def command(base: list[str], run: Path, resume: bool) -> list[str]:
+    """``base`` on ``run``: continued (--resume), or started afresh over whatever a kill left (--overwrite)."""
+    if base[0] == "finetune":  # its settings are on the command line, and its run is --out
+        return [*base, "--out", str(run), "--resume" if resume else "--overwrite"]
+    return [*base[:2], "--run", str(run), "--resume"] if resume else [*base, "--run", str(run), "--overwrite"]
+
+
 def case(base: list[str], ref: Path, run: Path, duration: float, lines: int, rng: random.Random) -> dict:
     kills, killed_fresh = [], 0
-    argv = [*base, "--run", str(run)]
     for attempt in range(3):  # at most two kills, then a run to the end
         resume = (run / "last.pt").is_file()
-        proc = qkv(["train", base[1], "--run", str(run), "--resume"] if resume else [*argv, "--overwrite"])
+        proc = qkv(command(base, run, resume))
         if attempt < 2 and (attempt == 0 or rng.random() < 0.5):
             if rng.random() < 0.2:  # any instant of its life: start-up, tokenizing, ...
                 at = f"{rng.uniform(0.2, duration):.2f}s"
@@ -107,7 +125,7 @@ def case(base: list[str], ref: Path, run: Path, duration: float, lines: int, rng
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--job", choices=["lm", "mt"], default="lm")
+    ap.add_argument("--job", choices=["lm", "mt", "finetune"], default="lm")
     ap.add_argument("--cases", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="default: bench/results/faults_JOB.json")
@@ -118,7 +136,7 @@ def main() -> None:
         root = Path(tmp)
         base = recipe(args.job, root)
         t0 = time.perf_counter()
-        ref = qkv([*base, "--run", str(root / "ref")])
+        ref = qkv(command(base, root / "ref", resume=False))
         _, err = ref.communicate()
         if ref.returncode:
             sys.exit(err)

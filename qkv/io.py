@@ -154,6 +154,28 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
 
 
 @contextlib.contextmanager
+def as_os_error(path: str | Path) -> Iterator[None]:
+    """Let a library's failed write be the OSError it hides, naming ``path``.
+
+    safetensors reports a full disk as ``SafetensorError: ... I/O error: No space left on device (os error
+    28)``, and an OSError from a plain file without its name; either becomes ``OSError(errno, strerror,
+    path)``, which :func:`atomic_paths` and the CLI turn into one line naming the file.
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised unless it carries an OS error code
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        errno = int(code.group(1))
+        raise OSError(errno, os.strerror(errno), str(path)) from e
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """:func:`atomic_paths` for one file: yield a temporary path, moved over ``path`` on success."""
     with atomic_paths(path) as (tmp,):

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 from torch import nn
 
-from qkv.io import QkvError, atomic_path
+from qkv.io import QkvError, as_os_error, atomic_path
 
 WEIGHTS_SUFFIX = ".safetensors"
 
@@ -130,8 +130,16 @@ def save_weights(path: str | Path, model: nn.Module, metadata: Mapping[str, str]
     """
     path = Path(path)
     with atomic_path(path) as tmp:
-        save_model(unwrap_model(model), str(tmp), metadata=dict(metadata) if metadata else None)
+        write_weights(model, tmp, metadata)
     return path
+
+
+def write_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, str] | None = None) -> None:
+    """The model's weights into ``path`` as safetensors (tied tensors once), not atomically: the writer of
+    :func:`save_weights` and of checkpoints, which give it a temporary file. A full disk is an OSError
+    naming ``path``."""
+    with as_os_error(path):
+        save_model(unwrap_model(model), str(path), metadata=dict(metadata) if metadata else None)
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -132,3 +132,57 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_checkpoint_before
     assert main(["train", "lm", "--run", str(run), "--resume", "--quiet"]) == 0
     a, b = load_file(str(tmp_path / "straight" / "last.safetensors")), load_file(str(run / "last.safetensors"))
     assert all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_a_really_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(tmp_path, capsys):
+    """A tmpfs sized so that the first checkpoint fits and the second does not (as root; skipped elsewhere):
+    the real ENOSPC is one line naming the file, exit 1; the first checkpoint is whole; given room, the
+    run resumes from it to the weights of a run that never ran out."""
+    import math
+    import os
+    import subprocess
+
+    import pytest
+    from safetensors.torch import load_file
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 200, encoding="utf-8")
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"model: {{d_model: 64, n_heads: 2, n_layers: 2, d_ff: 128, max_len: 32}}\n"
+                          f"data: {{path: {tmp_path / 'text.txt'}}}\n"
+                          "train: {steps: 6, batch_size: 2, warmup: 1, eval_every: 100, eval_iters: 1, "
+                          "checkpoint_every: 2}\n", encoding="utf-8")
+        straight = tmp_path / "straight"
+        assert main(["train", "lm", "--recipe", str(recipe), "--run", str(straight), "--quiet"]) == 0
+        # Room for what is on disk at the second checkpoint, plus half of one checkpoint.
+        pages = {p.name: math.ceil(p.stat().st_size / 4096) for p in straight.iterdir()}
+        checkpoint = pages["last.safetensors"] + pages["last.pt"]
+        present = checkpoint + sum(pages[n] for n in ("config.json", "tokenizer.json", "tokens.bin",
+                                                      "tokens.bin.json", "metrics.jsonl"))
+        subprocess.run(["mount", "-o", f"remount,size={(present + checkpoint // 2) * 4}k", str(disk)], check=True)
+        run = disk / "run"
+        capsys.readouterr()
+        assert main(["train", "lm", "--recipe", str(recipe), "--run", str(run), "--quiet"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("qkv train: error: ") and "No space left on device" in err[0], err
+        assert str(run / "last.") in err[0]  # the file being written, not a temporary
+        assert not list(run.glob(".*tmp-*"))  # the failed save took its temporary files with it
+        assert torch_load_step(run) == 2  # the first checkpoint, whole
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        assert main(["train", "lm", "--run", str(run), "--resume", "--quiet"]) == 0
+        for name in ("last.safetensors", "model.safetensors"):
+            a, b = load_file(str(straight / name)), load_file(str(run / name))
+            assert all(bool((a[k] == b[k]).all()) for k in a), name
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def torch_load_step(run) -> int:
+    import torch
+
+    return torch.load(run / "last.pt", weights_only=True)["state"]["loop"]["step"]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv.io import atomic_paths
+from qkv.io import as_os_error, atomic_paths
 
 TOKENS_FILE = "tokens.bin"
 _META_SUFFIX = ".json"
@@ -74,7 +74,8 @@ def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: 
     if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
         raise ValueError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
     meta = {"fingerprint": key, "dtype": dtype.name, "length": int(ids.size), "vocab_size": tokenizer.vocab_size}
-    with atomic_paths(path, meta_path) as (tmp_ids, tmp_meta):  # the tokens and their fingerprint, as a set
+    # The tokens and their fingerprint, as a set: a kill leaves both old or both new.
+    with atomic_paths(path, meta_path) as (tmp_ids, tmp_meta), as_os_error(tmp_ids):
         ids.astype(dtype).tofile(tmp_ids)
         tmp_meta.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return load_tokens(path)

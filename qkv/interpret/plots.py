@@ -12,7 +12,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-from qkv.io import atomic_path
+from qkv.io import as_os_error, atomic_path
 
 CJK_FONTS = (
     "WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
@@ -80,7 +80,7 @@ def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Seq
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     out_png = Path(out_png)
-    with atomic_path(out_png) as tmp:
+    with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return out_png

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from qkv.io import atomic_path, valid_text
+from qkv.io import as_os_error, atomic_path, valid_text
 from qkv.tokenizers import (
     BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, TokenizerError, as_int_list, check_id,
 )
@@ -210,7 +210,7 @@ class BPETokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / TOKENIZER_FILE
-        with atomic_path(path) as tmp:  # a kill while saving leaves the old file or the new one
+        with atomic_path(path) as tmp, as_os_error(tmp):  # a kill while saving leaves the old file or the new
             self._tok.save(str(tmp), pretty=True)
         return path
 

@@ -29,15 +29,14 @@ import re
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 import numpy as np
 import torch
-from safetensors.torch import save_model
 from torch import nn
 
-from qkv.io import atomic_paths, left_behind
-from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights, unwrap_model
+from qkv.io import as_os_error, atomic_paths, left_behind
+from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights, write_weights
 
 STATE_SUFFIX = ".pt"
 STATE_FORMAT = "qkv-trainer-state"
@@ -161,9 +160,39 @@ def save_checkpoint(
     # Both files are complete on disk before either is renamed; the renames take microseconds, and a
     # kill between them is caught on load by the checkpoint id.
     with atomic_paths(weights_path, state_path) as (tmp_weights, tmp_state):
-        save_model(unwrap_model(model), str(tmp_weights), metadata={_ID_KEY: checkpoint_id})
-        torch.save(trainer_state, tmp_state)
+        write_weights(model, tmp_weights, metadata={_ID_KEY: checkpoint_id})
+        _write_state(trainer_state, tmp_state)
     return weights_path
+
+
+class _Sink:
+    """A file for torch.save that keeps the OSError of a failed write: torch reports a full disk as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``, which says nothing of why."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _write_state(state: dict[str, Any], path: Path) -> None:
+    """torch.save ``state`` into ``path``; a full disk is an OSError naming ``path``."""
+    with as_os_error(path), open(path, "wb") as f:
+        sink = _Sink(f)
+        try:
+            torch.save(state, sink)
+        except RuntimeError:
+            if sink.error is None:
+                raise
+            raise sink.error from None
 
 
 def load_checkpoint(

@@ -46,7 +46,7 @@ from qkv.training.distributed import synced
 from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, compiled, export, optimizer_step, resume_state, save_state, start,
+    Cadence, LoopConfig, LoopState, check_adam, compiled, export, resume_state, save_state, start, update,
 )
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
@@ -340,17 +340,18 @@ def finetune(
                 pre = pre.detach() if pre is not None else torch.zeros((), device=device)
                 sums += torch.stack([task.detach() * share, pre]) / (cfg.accumulate * ranks.world_size)
             task_sum, pre_sum = ranks.sum(sums)  # the whole step's task and pretraining losses
-            loss_value = optimizer_step(optimizer, task_sum + cfg.mix * pre_sum, step, cfg.clip_norm,
-                                        (p for p in model.parameters() if p.requires_grad), runtime.scaler)
+            loss_value = update(cfg, state, runtime, optimizer, task_sum + cfg.mix * pre_sum,
+                                (p for p in model.parameters() if p.requires_grad), metrics)
             cadence.end_step()
-            task_value, pre_value = task_sum.item(), pre_sum.item()
-            result.losses.append(loss_value)
-            result.task_losses.append(task_value)
-            result.pretrain_losses.append(pre_value)
-            if cadence.log_due:
-                extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
-                metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
-            progress.update(step, loss=loss_value, lr=lr)
+            if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
+                task_value, pre_value = task_sum.item(), pre_sum.item()
+                result.losses.append(loss_value)
+                result.task_losses.append(task_value)
+                result.pretrain_losses.append(pre_value)
+                if cadence.log_due:
+                    extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
+                    metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
+                progress.update(step, loss=loss_value, lr=lr)
             if cadence.last:
                 checkpoint()  # the final evaluation, a full pass, follows the loop
             elif cadence.eval_due:

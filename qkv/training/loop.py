@@ -14,7 +14,8 @@ these, so they agree by construction:
   group, see :mod:`qkv.training.distributed`), and wraps the model for data-parallel training.
 - :func:`optimizer_step`: the one update of every recipe. Before it touches the weights it checks
   that the loss and the gradient norm are finite, at every step: a NaN never reaches the weights, so
-  it never reaches a checkpoint.
+  it never reaches a checkpoint. :func:`update` calls it under ``train.on_nonfinite`` (stop the run,
+  or skip the batch and go on).
 - :class:`Cadence`: when a step logs, evaluates and checkpoints, and when the run ends (the step
   budget, or the time budget).
 - :func:`save_state` / :func:`resume_state`: the ``last`` checkpoint (weights, optimizer, RNGs, the
@@ -45,6 +46,9 @@ from qkv.training.logging import MetricsLogger, NonFiniteLossError, check_finite
 from qkv.weights import save_weights
 
 
+NONFINITE_POLICIES = ("stop", "skip")
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     """The knobs of a training loop that every recipe has (its ``train:`` section).
@@ -66,6 +70,11 @@ class LoopConfig:
             2: a busy core stalls every multi-threaded operation.
         compile: ``torch.compile`` the training step's model (pays on GPUs; gains little on CPUs; the
             first steps wait for the compiler).
+        on_nonfinite: What a NaN or infinite loss or gradient norm does: ``stop`` the run (the last
+            checkpoint is kept, and resumes), or ``skip`` the batch (no update; the step still counts, as
+            fairseq and mixed-precision scalers skip a step) and go on.
+        max_skips: With ``skip``, stop anyway after this many skipped batches in a row: a model that
+            diverged is not rescued by skipping, and a run should not spend its budget doing nothing.
     """
 
     steps: int = 20000
@@ -80,9 +89,11 @@ class LoopConfig:
     dtype: str = "auto"
     threads: int = 0
     compile: bool = False
+    on_nonfinite: str = "stop"
+    max_skips: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("steps", "accumulate", "eval_every", "log_every"):
+        for name in ("steps", "accumulate", "eval_every", "log_every", "max_skips"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup", "threads", "clip_norm"):
@@ -94,6 +105,9 @@ class LoopConfig:
             raise ConfigError(f"train.seed must be in [0, 2^63), got {self.seed}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"train.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(f"train.on_nonfinite must be one of {list(NONFINITE_POLICIES)}, got "
+                              f"{self.on_nonfinite!r}")
 
 
 def check_adam(weight_decay: float, betas: Sequence[float]) -> None:
@@ -237,6 +251,35 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
     return value
 
 
+def update(cfg: LoopConfig, state: LoopState, runtime: Runtime, optimizer: torch.optim.Optimizer,
+           loss: torch.Tensor, parameters: Iterable[nn.Parameter], metrics: MetricsLogger) -> float | None:
+    """The step's :func:`optimizer_step` under ``train.on_nonfinite``: the step's loss, or None if its batch
+    was skipped.
+
+    Every rank decides alike: the loss is the sum over the ranks and the gradients are all-reduced, so
+    they are non-finite on all ranks or on none. A skipped batch is a ``skipped`` line in metrics.jsonl;
+    the counts are in the :class:`LoopState`, so a resumed run skips as the uninterrupted one would.
+
+    Raises:
+        NonFiniteLossError: with ``stop``, or when ``max_skips`` batches in a row were skipped.
+    """
+    try:
+        value = optimizer_step(optimizer, loss, state.step, cfg.clip_norm, parameters, runtime.scaler)
+    except NonFiniteLossError as e:
+        optimizer.zero_grad(set_to_none=True)  # the bad batch's gradients go with it
+        if cfg.on_nonfinite == "stop":
+            raise
+        if state.skipped_in_a_row >= cfg.max_skips:
+            raise NonFiniteLossError(f"{e} ({cfg.max_skips} batches in a row were skipped before it: "
+                                     "train.max_skips)") from None
+        state.skipped += 1
+        state.skipped_in_a_row += 1
+        metrics.log(state.step, "skipped", reason=str(e).split(":")[0], in_a_row=state.skipped_in_a_row)
+        return None
+    state.skipped_in_a_row = 0
+    return value
+
+
 # ----------------------------------------------------------------------------------------------
 # Cadence
 
@@ -246,13 +289,16 @@ class LoopState:
     """What a loop counts, saved in every checkpoint: the step done, training time, the best score so far.
 
     ``best`` is lower-is-better (a loss; a BLEU is stored negated); ``bad_evals`` counts the evaluations
-    since it last improved (early stopping).
+    since it last improved (early stopping); ``skipped`` the batches skipped for a non-finite loss or
+    gradient (``train.on_nonfinite: skip``), ``skipped_in_a_row`` those since the last update.
     """
 
     step: int = 0
     seconds: float = 0.0
     best: float = math.inf
     bad_evals: int = 0
+    skipped: int = 0
+    skipped_in_a_row: int = 0
 
     def improve(self, score: float) -> bool:
         """Record an evaluation's ``score``; True if it is the best so far (a non-finite one never is)."""
@@ -266,8 +312,8 @@ class LoopState:
         return asdict(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))(state[f.name]))
+        for f in fields(self):  # a checkpoint from before a count existed: the count starts at its default
+            setattr(self, f.name, type(getattr(self, f.name))(state.get(f.name, f.default)))
 
 
 class Cadence:
@@ -393,5 +439,5 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "check_adam", "Runtime", "start", "compiled", "optimizer_step", "LoopState", "Cadence", "save_state", "resume_state",
+__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "Runtime", "start", "compiled", "optimizer_step", "update", "LoopState", "Cadence", "save_state", "resume_state",
            "export"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qkv.io import atomic_path
+from qkv.io import as_os_error, atomic_path
 from qkv.training.logging import read_metrics
 
 
@@ -68,6 +68,6 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str | None
             ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("step")
     fig.suptitle(title if title is not None else metrics_path.parent.name or str(metrics_path))
-    with atomic_path(out_png) as tmp:
+    with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     return out_png

@@ -38,7 +38,7 @@ from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopState, compiled, export, optimizer_step, resume_state, save_state, start
+from qkv.training.loop import Cadence, LoopState, compiled, export, resume_state, save_state, start, update
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
@@ -239,13 +239,13 @@ def train_lm(
                     runtime.backward(loss)
                 loss_sum += loss.detach()
             loss_sum = ranks.sum(loss_sum) / ranks.world_size  # the whole batch's loss, on every rank
-            loss_value = optimizer_step(optimizer, loss_sum, step, tc.clip_norm, model.parameters(), runtime.scaler)
+            loss_value = update(tc, state, runtime, optimizer, loss_sum, model.parameters(), metrics)
             cadence.end_step()
-            result.losses.append(loss_value)
-
-            if cadence.log_due:
-                metrics.log(step, "train", loss=loss_value, lr=lr)
-            progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
+            if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
+                result.losses.append(loss_value)
+                if cadence.log_due:
+                    metrics.log(step, "train", loss=loss_value, lr=lr)
+                progress.update(step, loss=loss_value, lr=lr, tokens=tokens_per_step)
 
             if cadence.eval_due:
                 losses = evaluate()

@@ -49,7 +49,7 @@ from qkv.weights import average_checkpoints, load_state_dict_into, load_weights,
 from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, compiled, export, optimizer_step, resume_state, save_state, start,
+    Cadence, LoopConfig, LoopState, check_adam, compiled, export, resume_state, save_state, start, update,
 )
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
@@ -294,17 +294,18 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                 runtime.backward(out.loss * (weight * ranks.world_size))
             step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * weight
         step_loss, step_nll = ranks.sum(step_loss)  # the step's mean over all its target tokens
-        loss_value = optimizer_step(optimizer, step_loss, step, tc.clip_norm, model.parameters(), runtime.scaler)
+        loss_value = update(tc, state, runtime, optimizer, step_loss, model.parameters(), metrics)
         cadence.end_step()
 
-        n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
-        window["loss"] += loss_value
-        window["nll"] += float(step_nll)
-        window["tokens"] += n_tok
-        window["steps"] += 1
-        window["padding"] += sum(b.padding_fraction for b in batches) / len(batches)
-        progress.update(step, loss=loss_value, lr=lr, tokens=n_tok)
-        if cadence.log_due:
+        if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
+            n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
+            window["loss"] += loss_value
+            window["nll"] += float(step_nll)
+            window["tokens"] += n_tok
+            window["steps"] += 1
+            window["padding"] += sum(b.padding_fraction for b in batches) / len(batches)
+            progress.update(step, loss=loss_value, lr=lr, tokens=n_tok)
+        if cadence.log_due and window["steps"]:
             k = window["steps"]
             elapsed = time.perf_counter() - window["t0"]
             metrics.log(step, "train", loss=window["loss"] / k, nll=window["nll"] / k, lr=lr,

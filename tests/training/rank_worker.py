@@ -15,7 +15,7 @@ import sys
 import time
 
 from qkv.cli import main
-from qkv.training import finetune, loop, train_lm, train_mt
+from qkv.training import loop
 
 
 def inject(fault: str) -> None:
@@ -31,8 +31,7 @@ def inject(fault: str) -> None:
             time.sleep(3600)
         return real(optimizer, loss, step, *args, **kwargs)
 
-    for module in (train_lm, train_mt, finetune):  # each trainer calls the name it imported
-        module.optimizer_step = faulty
+    loop.optimizer_step = faulty  # every trainer updates through it
 
 
 if __name__ == "__main__":

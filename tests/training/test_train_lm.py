@@ -52,11 +52,9 @@ def _events(run):
 def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(tmp_path, monkeypatch, crash_at):
     """Steps 6-7 are logged after the checkpoint at step 5, then the run dies: the resumed run logs them again,
     and metrics.jsonl holds them once."""
-    from qkv.training import train_lm as module
-
     recipe = tiny(tmp_path)
     train_lm(recipe, tmp_path / "a", quiet=True, plot=False)
-    crash_at(module, 8)
+    crash_at(8)
     with pytest.raises(KeyboardInterrupt):
         train_lm(recipe, tmp_path / "b", quiet=True, plot=False)
     monkeypatch.undo()

@@ -83,10 +83,8 @@ def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(st
                                                                              crash_at):
     """Step 4 is logged after the checkpoint at step 3, then the run dies at step 5: metrics.jsonl holds the
     resumed run's step 4 once, and equals the uninterrupted run's (clock fields aside)."""
-    from qkv.training import train_mt as module
-
     run, _ = straight
-    crash_at(module, 5)
+    crash_at(5)
     with pytest.raises(KeyboardInterrupt):
         train(TINY, tmp_path / "cut", quiet=True)
     monkeypatch.undo()

@@ -157,27 +157,28 @@ def test_failure_mid_save_keeps_the_previous_checkpoint(tmp_path, make_model, mo
     save_checkpoint(tmp_path, "last", old, state={"step": 1})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
-    import safetensors.torch
+    import errno
 
-    real_save_model, real_torch_save = safetensors.torch.save_model, torch.save
+    import qkv.weights
 
-    def half_then_crash(write):
-        def broken(obj, path, *args, **kwargs):
-            write(obj, path, *args, **kwargs)
-            with open(path, "r+b") as f:  # leave a truncated file, as a kill or a full disk would
-                f.truncate(10)
-            raise OSError("No space left on device")
-
-        return broken
+    def half_then_full(obj, target, *args, **kwargs):  # ten bytes, then the disk is full
+        if isinstance(target, str):  # safetensors writes to a path
+            with open(target, "wb") as f:
+                f.write(b"x" * 10)
+        else:  # torch.save, to the file object it is given
+            target.write(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     if failing == "weights":
-        monkeypatch.setattr(ckpt, "save_model", half_then_crash(real_save_model))
+        monkeypatch.setattr(qkv.weights, "save_model", half_then_full)
     else:
-        monkeypatch.setattr(ckpt.torch, "save", half_then_crash(real_torch_save))
+        monkeypatch.setattr(ckpt.torch, "save", half_then_full)
     new = make_model(seed=2)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(OSError, match="No space") as error:
         save_checkpoint(tmp_path, "last", new, state={"step": 2})
     monkeypatch.undo()
+    # The error names the file being written (not its temporary), whichever library's write failed.
+    assert error.value.filename == str(tmp_path / ("last.safetensors" if failing == "weights" else "last.pt"))
 
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     assert _no_temp_files(tmp_path) == []
