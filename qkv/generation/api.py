@@ -15,13 +15,17 @@ from typing import Sequence, overload
 
 import torch
 
-from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS
+from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS, ConfigError
 from qkv.generation.beam import beam_search, check_alpha, greedy_search
 from qkv.io import DEVICE_DEFAULT, QkvError, model_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
-class InputTooLongError(QkvError, ValueError):
-    """A source sentence with more tokens than the model has positions."""
+class InputError(QkvError, ValueError):
+    """Text a model cannot take as it is given (a prompt without a start token, one too long)."""
+
+
+class InputTooLongError(InputError):
+    """A source sentence or a prompt with more tokens than the model has positions."""
 
     def __init__(self, message: str, index: int, n_tokens: int, limit: int) -> None:
         super().__init__(message)
@@ -132,10 +136,10 @@ class Translator:
         """
         n_best = n_best or 1
         if beam < 1:
-            raise ValueError(f"beam must be >= 1, got {beam}")
+            raise ConfigError(f"beam must be >= 1, got {beam}")
         check_alpha(alpha)
         if n_best > beam:
-            raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
+            raise ConfigError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
         sources = self.encode_sources(texts, truncate)
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in texts]
         tok = self.tokenizer
@@ -176,4 +180,4 @@ class Translator:
         return best[0] if single else best
 
 
-__all__ = ["Translator", "RunError", "InputTooLongError"]
+__all__ = ["Translator", "RunError", "InputError", "InputTooLongError"]

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from qkv.config import ALPHA, BEAM, EXTRA
+from qkv.config import ALPHA, BEAM, EXTRA, ConfigError
 from qkv.generation.kernels import end_decoding, start_decoding
 from qkv.modules.masks import padding_mask
 
@@ -51,7 +51,7 @@ class Hypothesis(NamedTuple):
 def check_alpha(alpha: float) -> None:
     """The length penalty's alpha must be a finite number >= 0 (0: no normalization; the paper: 0.6)."""
     if not (alpha >= 0 and math.isfinite(alpha)):
-        raise ValueError(f"alpha (the length penalty) must be a finite number >= 0, got {alpha}")
+        raise ConfigError(f"alpha (the length penalty) must be a finite number >= 0, got {alpha}")
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -259,10 +259,10 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
         For each source, up to ``n_best`` :class:`Hypothesis`, best first.
     """
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     check_alpha(alpha)
     if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+        raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
     was_training = model.training
     model.eval()
     b, k, device = src.shape[0], beam_size, src.device

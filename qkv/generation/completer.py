@@ -20,6 +20,8 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
+from qkv.config import ConfigError
+from qkv.generation.api import InputError, InputTooLongError
 from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.decode import generate
 from qkv.generation.kernels import end_decoding, start_decoding
@@ -70,18 +72,17 @@ class Completer:
         if self.start_text:
             return self.tokenizer.encode(self.start_text)
         if self.tokenizer.bos_id is None:
-            raise ValueError("an empty prompt needs a start token, and this tokenizer has no <bos>; give a prompt")
+            raise InputError("an empty prompt needs a start token, and this tokenizer has no <bos>; give a prompt")
         return [self.tokenizer.bos_id]
 
     def _check(self, n_prompt: int, max_new_tokens: int, sliding_window: bool) -> None:
         if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if not sliding_window and n_prompt + max_new_tokens > self.context:
-            raise ValueError(
+            raise InputTooLongError(
                 f"the prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
                 f"{self.context} tokens; shorten the prompt, ask for fewer tokens, or use a sliding window "
-                "(--sliding-window)"
-            )
+                "(--sliding-window)", index=0, n_tokens=n_prompt, limit=self.context - max_new_tokens)
 
     def _generator(self, seed: int | None) -> torch.Generator | None:
         return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from qkv.config import ConfigError
+
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Clear errors for settings that have no meaning."""
     if not temperature >= 0 or temperature == float("inf"):  # NaN fails every comparison
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+        raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        raise ConfigError(f"top_k must be >= 0 (0 = off), got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

@@ -78,24 +78,25 @@ class MetricsLogger:
         self.path = Path(run_dir) / filename
         self.enabled = enabled
         self._start = time.time()
-        self._file: TextIO | None = None
+        # The file is opened for each line and closed at once: no handle outlives a run that failed
+        # (a handle kept in an exception's frames would hold the file, and the disk, until gc).
+        self._writing = enabled
         self.lines = 0  # complete lines in the file: what a checkpoint records (see rewind)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.is_file():
                 self.lines = self.path.read_bytes().count(b"\n")
-            self._file = open(self.path, "a", encoding="utf-8")
+            else:
+                self.path.touch()  # there from the start, as a run's other files are
 
     def rewind(self, lines: int) -> None:
         """Keep only the first ``lines`` lines (those a checkpoint saw), so that a resumed run's file equals an
         uninterrupted run's line for line: what was logged after the checkpoint is logged again."""
-        if self._file is None or lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
+        if not self._writing or lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
             return
-        self._file.close()
         kept = self.path.read_bytes().split(b"\n")[:lines]
         write_text(self.path, b"".join(line + b"\n" for line in kept).decode("utf-8"))
         self.lines = len(kept)
-        self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, step: int, split: str, /, **values: Any) -> dict[str, Any]:
         """Write one event and flush it.
@@ -114,18 +115,16 @@ class MetricsLogger:
         now = time.time()
         record = {"step": int(step), "split": split, "time": round(now, 3), "elapsed": round(now - self._start, 3)}
         record.update({k: _jsonable(v, k) for k, v in values.items()})
-        if self._file is not None:
+        if self._writing:
             # NaN/inf are written as the bare words NaN/Infinity, which Python's json reads back.
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
             self.lines += 1
         return record
 
     def close(self) -> None:
-        """Close the file; later :meth:`log` calls only return their record."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """End the log; later :meth:`log` calls only return their record."""
+        self._writing = False
 
     def __enter__(self) -> MetricsLogger:
         return self
