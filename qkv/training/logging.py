@@ -41,7 +41,7 @@ def check_finite(loss: torch.Tensor | float, step: int) -> float:
         raise NonFiniteLossError(
             f"loss is {value} at step {step}: training stopped before updating on it. Usual causes: a "
             "learning rate too high (lower it or lengthen warmup), fp16 overflow (use bf16 or a grad "
-            "scaler), or a batch with no target token. Resume from the last checkpoint after fixing it."
+            "scaler), or a batch with no target token."
         )
     return value
 

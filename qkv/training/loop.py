@@ -238,8 +238,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor | float,
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLossError(
             f"the gradient norm is {float(norm)} at step {step} (the loss, {value:.4g}, is finite): training "
-            "stopped before updating on it. Lower the learning rate or lengthen warmup, then resume from the "
-            "last checkpoint.")
+            "stopped before updating on it. Lower the learning rate or lengthen warmup.")
     if clip_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, clip_norm, norm)
     if scaler is None:
@@ -267,11 +266,13 @@ def update(cfg: LoopConfig, state: LoopState, runtime: Runtime, optimizer: torch
         value = optimizer_step(optimizer, loss, state.step, cfg.clip_norm, parameters, runtime.scaler)
     except NonFiniteLossError as e:
         optimizer.zero_grad(set_to_none=True)  # the bad batch's gradients go with it
+        kept = (f"Kept: the checkpoint of step {state.checkpoint_step}; --resume continues from it once the cause is "
+                "fixed." if state.checkpoint_step else "No checkpoint was saved yet: start the run again.")
         if cfg.on_nonfinite == "stop":
-            raise
+            raise NonFiniteLossError(f"{e} {kept}") from None
         if state.skipped_in_a_row >= cfg.max_skips:
             raise NonFiniteLossError(f"{e} ({cfg.max_skips} batches in a row were skipped before it: "
-                                     "train.max_skips)") from None
+                                     f"train.max_skips) {kept}") from None
         state.skipped += 1
         state.skipped_in_a_row += 1
         metrics.log(state.step, "skipped", reason=str(e).split(":")[0], in_a_row=state.skipped_in_a_row)
@@ -290,7 +291,8 @@ class LoopState:
 
     ``best`` is lower-is-better (a loss; a BLEU is stored negated); ``bad_evals`` counts the evaluations
     since it last improved (early stopping); ``skipped`` the batches skipped for a non-finite loss or
-    gradient (``train.on_nonfinite: skip``), ``skipped_in_a_row`` those since the last update.
+    gradient (``train.on_nonfinite: skip``), ``skipped_in_a_row`` those since the last update;
+    ``checkpoint_step`` the step of the last checkpoint (0: none yet), which a stop message names.
     """
 
     step: int = 0
@@ -299,6 +301,7 @@ class LoopState:
     bad_evals: int = 0
     skipped: int = 0
     skipped_in_a_row: int = 0
+    checkpoint_step: int = 0
 
     def improve(self, score: float) -> bool:
         """Record an evaluation's ``score``; True if it is the best so far (a non-finite one never is)."""
@@ -387,6 +390,7 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
     writes. Weights that are not finite are never written.
     """
     _check_weights_finite(model, "checkpoint")  # the same weights on every rank: they all stop, or none
+    state.checkpoint_step = state.step  # on every rank, so that each names the same checkpoint
     ranks_rng = runtime.ranks.collect([capture_rng_state()], runtime.world_size) if runtime.world_size > 1 else None
     if not runtime.is_main:
         return

@@ -65,6 +65,7 @@ def test_a_nan_stops_the_run_and_nothing_non_finite_reaches_the_disk(tiny_jobs, 
     assert all_finite(run)
     kept = loop_state(run)["step"]
     assert kept < step  # the checkpoint before the NaN, never one after it
+    assert f"Kept: the checkpoint of step {kept}; --resume continues from it" in err[0]
     # What was kept resumes; past the (injected) NaN, the run is the one that never met it.
     assert main(tiny_jobs.argv(job, run, resume=True)) == 0
     ours, theirs = tiny_jobs.weights(run), tiny_jobs.weights(references / job)
