@@ -55,6 +55,9 @@ class ModelConfig:
     d_ff: int = 2048
     n_layers: int = 6
     n_decoder_layers: int | None = None
+    # d_k, the size of each head's queries and keys; None: d_model / h. Table 3 row (B) shrinks it alone,
+    # the values keeping d_v = d_model / h.
+    d_k: int | None = None
     dropout: float = 0.1
     # Dropout on the attention weights (the paper only drops sublayer outputs and embeddings, and
     # attention dropout inside SDPA costs ~30% on CPU); off unless asked for.
@@ -85,16 +88,23 @@ class ModelConfig:
                 f"ModelConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads} "
                 "(each head has d_k = d_model / h dimensions)"
             )
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(f"ModelConfig: RoPE needs an even head dimension, got {self.head_dim}")
+        if self.d_k is not None and self.d_k <= 0:
+            raise ConfigError(f"ModelConfig.d_k must be positive (or null: d_model / n_heads), got {self.d_k}")
+        if self.positional == "rope" and self.key_dim % 2:
+            raise ConfigError(f"ModelConfig: RoPE needs an even key dimension d_k, got {self.key_dim}")
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
 
     @property
     def head_dim(self) -> int:
-        """d_k = d_v = d_model / h (Section 3.2.2)."""
+        """d_v = d_model / h (Section 3.2.2), and d_k too unless ``d_k`` is set."""
         return self.d_model // self.n_heads
+
+    @property
+    def key_dim(self) -> int:
+        """d_k: the size of each head's queries and keys (``d_k``, else d_model / h)."""
+        return self.d_k or self.head_dim
 
     @property
     def decoder_layers(self) -> int:

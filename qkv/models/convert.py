@@ -70,7 +70,7 @@ def gpt_to_hf(model: GPT):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = model.cfg
-    wanted = dict(positional="learned", norm="pre", activation="gelu_tanh", bias=True, tie_embeddings=True)
+    wanted = dict(positional="learned", norm="pre", activation="gelu_tanh", bias=True, tie_embeddings=True, d_k=None)
     wrong = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
     if wrong or not cfg.use_final_norm:
         raise ValueError(f"gpt_to_hf: GPT-2 needs {wanted} and a final norm; this model has {wrong}")

@@ -28,7 +28,7 @@ class Transformer(nn.Module):
             raise ValueError(f"Transformer needs a config with arch='transformer', got {cfg.arch!r}")
         self.cfg = cfg
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.key_dim, cfg.max_len, cfg.rope_base)
         self.rope = rope
         # "We apply dropout to the sums of the embeddings and the positional encodings in both the
         # encoder and decoder stacks" (Section 5.4).

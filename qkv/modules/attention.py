@@ -99,9 +99,13 @@ def _ungroup(x: Tensor, groups: int) -> Tensor:
 
 
 class Attention(nn.Module):
-    """What self- and cross-attention share: h heads of d_k = d_model / h, the attention itself, and W^O.
+    """What self- and cross-attention share: h heads of d_k = d_v = d_model / h, the attention itself, and W^O.
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    ``d_k`` sets the queries' and keys' size alone (Table 3, row (B): "reducing the attention key size
+    d_k hurts model quality"); the values keep d_v = d_model / h, so the heads still concatenate to
+    d_model. Scores are scaled by 1 / sqrt(d_k), whatever d_v is.
 
     ``kernel`` computes softmax(Q K^T / sqrt(d_k)) V and ``observer`` says who wants the weights (the
     ContextVar that :func:`qkv.interpret.capture.capture_attention` sets). Both are attributes so that
@@ -110,11 +114,13 @@ class Attention(nn.Module):
     ContextVar.
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+                 d_k: int | None = None) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads  # head_dim: d_v
+        self.d_k = d_k or self.head_dim
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
         self.kernel = scaled_dot_product_attention
@@ -127,8 +133,8 @@ class Attention(nn.Module):
                              f"got {tuple(x.shape)}")
 
     def split_heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        b, t, width = x.shape  # width: H * d_k (queries, keys) or H * d_v (values)
+        return x.view(b, t, self.n_heads, width // self.n_heads).transpose(1, 2)  # (B, H, T, width / H)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
                groups: int = 1) -> tuple[Tensor, Tensor | None]:
@@ -165,14 +171,16 @@ class SelfAttention(Attention):
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
-                 rope: RotaryEmbedding | None = None) -> None:
-        super().__init__(d_model, n_heads, bias, dropout)
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+                 rope: RotaryEmbedding | None = None, d_k: int | None = None) -> None:
+        super().__init__(d_model, n_heads, bias, dropout, d_k)
+        self.qkv_sizes = (n_heads * self.d_k, n_heads * self.d_k, d_model)  # widths of Q, K and V
+        self.in_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=bias)  # [W^Q; W^K; W^V]
         self.rope = rope
         self.cache: KVCache | None = None
 
     def setup_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.cache = KVCache(batch_size, self.n_heads, max_len, self.head_dim, dtype=dtype, device=device)
+        self.cache = KVCache(batch_size, self.n_heads, max_len, self.head_dim, dtype=dtype, device=device,
+                             key_dim=self.d_k)
 
     @property
     def cached(self) -> int:
@@ -202,8 +210,8 @@ class SelfAttention(Attention):
             (output of x's shape, weights or None).
         """
         self._check_input(x, layout)
-        qkv = layout.unpack(self.in_proj(x))  # (B, T, 3D): attention needs the positions laid out
-        q, k, v = (self.split_heads(z) for z in qkv.split(self.d_model, dim=-1))  # 3 x (B, H, T, Dh)
+        qkv = layout.unpack(self.in_proj(x))  # (B, T, 2 H d_k + D): attention needs the positions laid out
+        q, k, v = (self.split_heads(z) for z in qkv.split(self.qkv_sizes, dim=-1))  # (B, H, T, d_k|d_k|d_v)
         if self.rope is not None:
             q = self.rope(q, offset=self.cached, positions=positions)
             k = self.rope(k, offset=self.cached, positions=positions)
@@ -224,10 +232,12 @@ class CrossAttention(Attention):
     g * T queries.
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
-        super().__init__(d_model, n_heads, bias, dropout)
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q
-        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)  # [W^K; W^V]
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+                 d_k: int | None = None) -> None:
+        super().__init__(d_model, n_heads, bias, dropout, d_k)
+        self.kv_sizes = (n_heads * self.d_k, d_model)  # widths of K and V
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)  # W^Q
+        self.kv_proj = nn.Linear(d_model, sum(self.kv_sizes), bias=bias)  # [W^K; W^V]
         self.cache: StaticKV | None = None
 
     def setup_cache(self) -> None:
@@ -255,7 +265,7 @@ class CrossAttention(Attention):
             (output of x's shape, weights or None).
         """
         self._check_input(x, layout)
-        q = self.split_heads(layout.unpack(self.q_proj(x)))  # (B, H, T, Dh)
+        q = self.split_heads(layout.unpack(self.q_proj(x)))  # (B, H, T, d_k)
         b, _, t, _ = q.shape
         if self.cache is not None and self.cache.filled:
             k, v = self.cache.k, self.cache.v  # computed once per source, reused at every step
@@ -265,8 +275,8 @@ class CrossAttention(Attention):
             if memory.shape[-1] != self.d_model or memory.dim() != (2 if memory_layout.packs else 3):
                 raise ValueError(f"cross-attention: memory must be (B={b}, S, D={self.d_model}), "
                                  f"got {tuple(memory.shape)}")
-            kv = memory_layout.unpack(self.kv_proj(memory))  # (B, S, 2D)
-            k, v = (self.split_heads(z) for z in kv.split(self.d_model, dim=-1))  # (B, H, S, Dh) each
+            kv = memory_layout.unpack(self.kv_proj(memory))  # (B, S, H d_k + D)
+            k, v = (self.split_heads(z) for z in kv.split(self.kv_sizes, dim=-1))  # (B, H, S, d_k), (B, H, S, d_v)
             if self.cache is not None:
                 # Contiguous: every step reads them, and the kernel reads one block per head faster.
                 k, v = k.contiguous(), v.contiguous()
@@ -278,8 +288,8 @@ class CrossAttention(Attention):
                              "or hold one row per group of g consecutive rows, (B / g, S, D)")
         groups = b // sources if sources else 1
         if groups > 1:
-            q = q.view(sources, groups, self.n_heads, t, self.head_dim)  # (B / g, g, H, T, Dh)
-            q = q.transpose(1, 2).reshape(sources, self.n_heads, groups * t, self.head_dim)  # (B / g, H, g T, Dh)
+            q = q.view(sources, groups, self.n_heads, t, self.d_k)  # (B / g, g, H, T, d_k)
+            q = q.transpose(1, 2).reshape(sources, self.n_heads, groups * t, self.d_k)  # (B / g, H, g T, d_k)
         out, weights = self.attend(q, k, v, mask, False, need_weights, groups)
         return self.merge_heads(out, layout), weights
 

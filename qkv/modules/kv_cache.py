@@ -17,16 +17,18 @@ from torch import Tensor
 class KVCache:
     """Keys and values of one attention layer, for ``max_len`` positions.
 
-    Buffers are (B, H, max_len, Dh); ``length`` positions are filled. A plain object, not an
+    Buffers are (B, H, max_len, Dh) (keys: (B, H, max_len, d_k) when ``key_dim`` differs); ``length``
+    positions are filled. A plain object, not an
     ``nn.Module``: it lives for one generation on the device it is made for, and a module's attribute
     machinery (every ``self.k = ...``, every ``attention.cache`` lookup) cost beam search 2% of its time.
     """
 
     def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 key_dim: int | None = None) -> None:
         shape = (batch_size, n_heads, max_len, head_dim)
         # The allocation, and the rows in use (its first ones; ``reorder`` may narrow and widen them).
-        self._k = torch.zeros(shape, dtype=dtype, device=device)
+        self._k = torch.zeros((*shape[:3], key_dim or head_dim), dtype=dtype, device=device)
         self._v = torch.zeros(shape, dtype=dtype, device=device)
         self.k, self.v = self._k, self._v
         self.max_len = max_len

@@ -43,7 +43,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, cfg.d_k)
         self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.ff_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
@@ -63,10 +63,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, cross_attention: bool = True, rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, rope, cfg.d_k)
         self.self_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         if cross_attention:
-            self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout)
+            self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.bias, cfg.attn_dropout, cfg.d_k)
             self.cross_attn_sublayer = Sublayer(cfg.d_model, cfg.dropout, pre, cfg.layer_norm_eps)
         else:
             self.cross_attn = None

@@ -184,3 +184,62 @@ def test_permutation_equivariance_without_positions():
     out, _ = mha(x)
     out_perm, _ = mha(x[:, perm])
     torch.testing.assert_close(out_perm, out[:, perm], atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# d_k decoupled from d_model / h (Table 3, row (B))
+
+
+def test_d_k_sets_the_queries_and_keys_alone_and_is_the_formula():
+    """SelfAttention with d_k = 2 (d_model 16, 4 heads, so d_v = 4): W^Q, W^K are (h d_k, D), W^V is (D, D),
+    and the output is Concat_i softmax(Q_i K_i^T / sqrt(d_k)) V_i, then W^O."""
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 4, d_k=2)
+    assert attn.in_proj.weight.shape == (2 * 4 * 2 + 16, 16)
+    x = torch.randn(2, 5, 16)
+    out, weights = attn(x, is_causal=True, need_weights=True)
+    q, k, v = (x @ w.T + b for w, b in zip(attn.in_proj.weight.split([8, 8, 16]), attn.in_proj.bias.split([8, 8, 16])))
+    q, k, v = (z.view(2, 5, 4, -1).transpose(1, 2) for z in (q, k, v))  # (B, H, T, d_k | d_v)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(2) + torch.triu(torch.full((5, 5), float("-inf")), 1)
+    expected_w = scores.softmax(-1)
+    expected = attn.out_proj((expected_w @ v).transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(weights, expected_w, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    fused, _ = attn(x, is_causal=True)  # the fused kernel, with d_v != d_k
+    torch.testing.assert_close(fused, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_d_k_of_d_model_over_h_is_the_paper_model():
+    torch.manual_seed(0)
+    plain = CrossAttention(16, 4)
+    torch.manual_seed(0)
+    same = CrossAttention(16, 4, d_k=4)
+    assert {k: v.shape for k, v in plain.state_dict().items()} == {k: v.shape for k, v in same.state_dict().items()}
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 6, 16)
+    torch.testing.assert_close(plain(x, memory)[0], same(x, memory)[0], atol=0, rtol=0)
+    small = CrossAttention(16, 4, d_k=2)
+    assert small.q_proj.weight.shape == (8, 16) and small.kv_proj.weight.shape == (8 + 16, 16)
+    assert small(x, memory)[0].shape == (2, 3, 16)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
+def test_models_with_a_small_d_k_decode_the_same_with_and_without_the_cache(positional):
+    from qkv.config import ModelConfig
+    from qkv.generation.beam import beam_search, greedy_search
+    from qkv.generation.decode import generate
+    from qkv.models import GPT, Transformer, count_parameters
+
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=40, d_k=4,
+               positional=positional)
+    gpt = GPT(ModelConfig(arch="gpt", **cfg)).eval()
+    prompts = [[3, 4, 5], [6, 7]]
+    assert generate(gpt, prompts, 6, temperature=0) == generate(gpt, prompts, 6, temperature=0, use_cache=False)
+    mt = Transformer(ModelConfig(**cfg)).eval()
+    src = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    assert greedy_search(mt, src, 1, 2, extra=5) == greedy_search(mt, src, 1, 2, extra=5, use_cache=False)
+    beam = beam_search(mt, src, 1, 2, beam_size=1, extra=5)
+    assert [h[0].tokens for h in beam] == greedy_search(mt, src, 1, 2, extra=5)
+    # Smaller keys, fewer parameters: each of W^Q and W^K loses (d_model - h d_k) d_model weights + biases.
+    full = count_parameters(Transformer(ModelConfig(**{**cfg, "d_k": None})))
+    assert full - count_parameters(mt) == 2 * (16 - 2 * 4) * 17 * (2 + 2 * 2)  # 2 enc self, 2 dec self + 2 cross
