@@ -34,8 +34,9 @@ ALLOWED = {
     "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
     "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
+    "experiments": {"runs", "data", "evaluation", "generation", "training"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
-            "training", "demo"},
+            "training", "demo", "experiments"},
 }
 EVERYONE = {"config", "io", "parallel"}
 

@@ -12,13 +12,13 @@ import argparse
 import os
 import sys
 
-from qkv.cli import data, explore, info, lm, mt, plot
+from qkv.cli import data, experiment, explore, info, lm, mt, plot
 from qkv.parallel import RankError, launched_rank
 from qkv.training import distributed
 from qkv.weights import CheckpointError
 
 # The modules that add subcommands, in the order --help lists them.
-COMMAND_MODULES = (info, mt, lm, data, plot, explore)
+COMMAND_MODULES = (info, mt, lm, data, plot, explore, experiment)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,67 @@
+"""``qkv experiment table3``: the paper's Table 3 at small scale (qkv.experiments.table3), resumable, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+from qkv.cli.common import positive_int
+from qkv.experiments import table3
+from qkv.experiments.grid import read_results, run_grid
+
+RESULTS_DEFAULT = Path("docs") / "results" / "table3"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``experiment`` with its ``table3`` kind to the ``qkv`` command line."""
+    group = subparsers.add_parser("experiment", help="the paper's experiments: table3 (variations on the Transformer)")
+    sub = group.add_subparsers(dest="experiment", metavar="NAME", required=True)
+    p = sub.add_parser("table3", help="Table 3 of the paper at small scale: heads, key size, size, regularization, "
+                                      "positions, every variant the same steps (docs/EXPERIMENTS.md)")
+    p.add_argument("--out", default="runs/table3", help="the variants' run directories (default runs/table3)")
+    p.add_argument("--results", default=str(RESULTS_DEFAULT),
+                   help=f"each variant's JSON result, the table and the plot (default {RESULTS_DEFAULT})")
+    p.add_argument("--steps", type=positive_int, default=table3.STEPS,
+                   help=f"training steps of every variant (default {table3.STEPS})")
+    p.add_argument("--rows", help="only these rows, e.g. base,A,E (default: all)")
+    p.add_argument("--seeds", type=positive_int, help="at most this many seeds per variant (default: 3 where the "
+                                                      "paper's differences are small, else 1)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
+                                                                "and one thread each (default 1)")
+    p.add_argument("--report", action="store_true", help="only write the table and plot from the results there are")
+    p.add_argument("--recipe", default=table3.BASE_RECIPE, help=f"the base recipe (default {table3.BASE_RECIPE})")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the base of every variant "
+                                                                     "(before the variant's own)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_table3)
+
+
+def cmd_table3(args: argparse.Namespace) -> int:
+    rows = [r.strip() for r in args.rows.split(",")] if args.rows else None
+    known = {row for row, *_ in table3.ROWS}
+    if rows and not set(rows) <= known:
+        raise ValueError(f"--rows: unknown {sorted(set(rows) - known)}; the rows are {sorted(known)}")
+    grid = table3.variants(rows, args.seeds)
+    if not args.report:
+        for variant in grid[:1]:  # every override checked before any training (a typo fails now, not in an hour)
+            table3.recipe_of(variant, args.steps, args.recipe, args.overrides)
+        if args.jobs > 1:  # N workers of this same command; the grid's claims keep them apart
+            argv = [*sys.argv[1:], "--jobs", "1"]  # argparse keeps the last --jobs
+            workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]
+            codes = [w.wait() for w in workers]
+            if any(codes):
+                print(f"qkv experiment: error: a worker failed (exit codes {codes})", file=sys.stderr)
+                return 1
+        else:
+            log = (lambda m: None) if args.quiet else (lambda m: print(f"table3: {m}", file=sys.stderr))
+            run_grid(grid, args.out, args.results,
+                     partial(table3.train_and_score, steps=args.steps, base=args.recipe, extra=args.overrides), log)
+    results = read_results(args.results, grid)
+    for path in table3.write_report(results, grid, args.results):
+        print(path)
+    print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
+    return 0
+

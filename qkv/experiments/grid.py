@@ -1,0 +1,116 @@
+"""A grid of variants of one recipe, trained and scored one by one, resumable, several side by side.
+
+Each variant is a name and ``section.key=value`` overrides of a base recipe. Its run directory is
+``OUT/NAME``; its result, once scored, is ``RESULTS/NAME.json``. A variant whose result exists is
+skipped; one with a checkpoint and no result is resumed exactly (``--resume``); the others start. So a
+grid fills across sittings, and several workers (one process each, one thread each) can share it:
+each *claims* a variant by creating ``OUT/NAME.claim`` (O_EXCL, holding its process id) before it
+trains it, and takes over a claim whose process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from qkv.io import read_json, write_json
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One cell of a grid: its ``name`` (a file name), its ``row`` (a group: the paper's (A), (B)...), the
+    overrides that make it from the base recipe, and what the table shows of it (``label``)."""
+
+    name: str
+    row: str
+    overrides: tuple[str, ...] = ()
+    label: str = ""
+    seed: int = 1
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def result_path(results: Path, variant: Variant) -> Path:
+    return results / f"{variant.name}.json"
+
+
+def read_results(results: str | Path, variants: Sequence[Variant]) -> dict[str, dict[str, Any]]:
+    """The results that exist, by variant name."""
+    results = Path(results)
+    return {v.name: read_json(result_path(results, v), "grid result") for v in variants
+            if result_path(results, v).is_file()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def claim(out: Path, variant: Variant) -> Iterator[bool]:
+    """Yield whether this process holds ``variant`` (then released on exit): one worker trains a variant."""
+    path = out / f"{variant.name}.claim"
+    out.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):  # a second try after clearing the claim of a process that died
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and _alive(holder):
+                yield False
+                return
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return
+    yield False
+
+
+def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
+             train_and_score: Callable[[Variant, Path, bool], dict[str, Any]],
+             log: Callable[[str], None] = print) -> list[str]:
+    """Train and score every variant that has no result yet; return the names this call finished.
+
+    Args:
+        variants: In the order they are taken.
+        out: The run directories' parent.
+        results: Where each variant's JSON result goes (may be inside the repository: small files).
+        train_and_score: ``(variant, run_dir, resume) -> result``; ``resume`` when the run has a checkpoint.
+    """
+    out, results = Path(out), Path(results)
+    done = []
+    for variant in variants:
+        if result_path(results, variant).is_file():
+            continue
+        with claim(out, variant) as mine:
+            if not mine or result_path(results, variant).is_file():  # another worker has it, or just did it
+                continue
+            run = out / variant.name
+            resume = (run / "last.pt").is_file()
+            log(f"{variant.name}: {'resuming' if resume else 'training'} ({' '.join(variant.overrides) or 'base'})")
+            result = train_and_score(variant, run, resume)
+            write_json(result_path(results, variant), {"variant": variant.name, "row": variant.row,
+                                                       "label": variant.label, "seed": variant.seed,
+                                                       "overrides": list(variant.overrides), **result})
+            done.append(variant.name)
+    return done
+
+
+__all__ = ["Variant", "run_grid", "read_results", "result_path", "claim"]

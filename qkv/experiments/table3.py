@@ -1,0 +1,205 @@
+"""Table 3 of "Attention Is All You Need" (variations on the Transformer), at small scale, by one command.
+
+The paper trains a base model (N 6, d_model 512, d_ff 2048, h 8, d_k = d_v 64, P_drop 0.1, label
+smoothing 0.1) and changes one thing per row, every row for the same 100K steps, and scores each on
+newstest2013 (per-wordpiece perplexity, and BLEU with beam 4 and no checkpoint averaging). Here the
+base is the Multi30K German -> English transformer-small (``qkv/recipes/mt/multi30k_de_en.yaml``:
+N 3, d_model 256, d_ff 1024, h 4, d_k = d_v 64), every variant trained for the same number of steps
+(a step budget, not wall time: rows stay comparable on a shared machine) and scored on the validation
+split the same way. Each row scales the paper's change to this base (half the heads, twice the
+depth...), so the two tables line up row by row.
+
+    qkv experiment table3 --out runs/table3            # trains what is missing, then writes the table
+    qkv experiment table3 --out runs/table3 --jobs 2   # two variants side by side, one thread each
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from qkv.experiments.grid import Variant
+from qkv.io import as_os_error, atomic_path, write_text
+from qkv.runs import METRICS_FILE
+from qkv.training.logging import read_metrics
+from qkv.training.train_mt import MTRecipe, load_train_config, train
+
+BASE_RECIPE = "multi30k_de_en"
+# The step budget of every variant, and what it costs: see docs/EXPERIMENTS.md ("The budget").
+STEPS = 400
+SEEDS = (1, 2, 3)  # for the base and rows (A) and (E), where the paper's differences are small
+
+def base_overrides(steps: int) -> list[str]:
+    """What turns the shipped recipe into the grid's base: a fixed step budget with no time limit (a
+    quarter of it warmup), no checkpoint averaging, the paper's decoding for the score (beam 4, alpha
+    0.6), and a checkpoint at each of four evaluations so that an interrupted variant resumes."""
+    return [f"train.steps={steps}", "train.max_minutes=null", f"train.eval_every={max(steps // 4, 1)}",
+            f"train.warmup={max(steps // 4, 1)}", "train.average_last=0", "train.keep_checkpoints=1",
+            "train.eval_bleu_sentences=0", "train.patience=0", "train.test_beam=4", "train.test_alpha=0.6",
+            "train.threads=1"]
+
+
+# The paper's Table 3 (newstest2013 perplexity, BLEU, parameters x 10^6), by row and change.
+PAPER = {
+    "base": {"ppl": 4.92, "bleu": 25.8, "params_m": 65},
+    "A h=1": {"ppl": 5.29, "bleu": 24.9}, "A h=4": {"ppl": 5.00, "bleu": 25.5},
+    "A h=16": {"ppl": 4.91, "bleu": 25.8}, "A h=32": {"ppl": 5.01, "bleu": 25.4},
+    "B d_k=16": {"ppl": 5.16, "bleu": 25.1, "params_m": 58}, "B d_k=32": {"ppl": 5.01, "bleu": 25.4, "params_m": 60},
+    "C N=2": {"ppl": 6.11, "bleu": 23.7, "params_m": 36}, "C N=4": {"ppl": 5.19, "bleu": 25.3, "params_m": 50},
+    "C N=8": {"ppl": 4.88, "bleu": 25.5, "params_m": 80},
+    "C d_model=256": {"ppl": 5.75, "bleu": 24.5, "params_m": 28},
+    "C d_model=1024": {"ppl": 4.66, "bleu": 26.0, "params_m": 168},
+    "C d_ff=1024": {"ppl": 5.12, "bleu": 25.4, "params_m": 53}, "C d_ff=4096": {"ppl": 4.75, "bleu": 26.2, "params_m": 90},
+    "D P_drop=0.0": {"ppl": 5.77, "bleu": 24.6}, "D P_drop=0.2": {"ppl": 4.95, "bleu": 25.5},
+    "D eps_ls=0.0": {"ppl": 4.67, "bleu": 25.3}, "D eps_ls=0.2": {"ppl": 5.47, "bleu": 25.7},
+    "E learned": {"ppl": 4.92, "bleu": 25.7},
+}
+
+# Our rows: (row, label, overrides, the paper's row it scales, seeds). Heads at constant compute keep
+# d_k = d_v = d_model / h (the model's default); row (B) shrinks d_k alone.
+ROWS: list[tuple[str, str, tuple[str, ...], str | None, Sequence[int]]] = [
+    ("base", "base", (), "base", SEEDS),
+    ("A", "h=1", ("model.n_heads=1",), "A h=1", SEEDS),
+    ("A", "h=2", ("model.n_heads=2",), "A h=4", SEEDS),
+    ("A", "h=8", ("model.n_heads=8",), "A h=16", SEEDS),
+    ("A", "h=16", ("model.n_heads=16",), "A h=32", SEEDS),
+    ("B", "d_k=16", ("model.d_k=16",), "B d_k=16", (1,)),
+    ("B", "d_k=32", ("model.d_k=32",), "B d_k=32", (1,)),
+    ("C", "N=1", ("model.n_layers=1",), "C N=2", (1,)),
+    ("C", "N=2", ("model.n_layers=2",), "C N=4", (1,)),
+    ("C", "N=4", ("model.n_layers=4",), "C N=8", (1,)),
+    ("C", "N=6", ("model.n_layers=6",), None, (1,)),
+    ("C", "d_model=128", ("model.d_model=128",), "C d_model=256", (1,)),
+    ("C", "d_model=384", ("model.d_model=384",), "C d_model=1024", (1,)),
+    ("C", "d_ff=512", ("model.d_ff=512",), "C d_ff=1024", (1,)),
+    ("C", "d_ff=2048", ("model.d_ff=2048",), "C d_ff=4096", (1,)),
+    ("D", "P_drop=0.0", ("model.dropout=0.0",), "D P_drop=0.0", (1,)),
+    ("D", "P_drop=0.2", ("model.dropout=0.2",), "D P_drop=0.2", (1,)),
+    ("D", "P_drop=0.3", ("model.dropout=0.3",), None, (1,)),
+    ("D", "eps_ls=0.0", ("train.label_smoothing=0.0",), "D eps_ls=0.0", (1,)),
+    ("D", "eps_ls=0.2", ("train.label_smoothing=0.2",), "D eps_ls=0.2", (1,)),
+    ("E", "learned", ("model.positional=learned",), "E learned", SEEDS),
+    ("E", "RoPE", ("model.positional=rope",), None, SEEDS),
+    ("E", "none", ("model.positional=none",), None, SEEDS),
+]
+
+
+def variants(rows: Sequence[str] | None = None, max_seeds: int | None = None) -> list[Variant]:
+    """The grid, base first, then row by row; ``rows`` keeps some of them (``["base", "A"]``)."""
+    out = []
+    for row, label, overrides, paper, seeds in ROWS:
+        if rows and row not in rows:
+            continue
+        for seed in list(seeds)[:max_seeds]:
+            name = f"{row}_{label}".replace("=", "").replace(".", "") + f"_seed{seed}"
+            out.append(Variant(name=name.replace("base_base", "base"), row=row, label=label,
+                               overrides=(*overrides, f"train.seed={seed}"), seed=seed, tags={"paper": paper}))
+    return out
+
+
+def recipe_of(variant: Variant, steps: int, base: str | Path = BASE_RECIPE, extra: Sequence[str] = ()) -> MTRecipe:
+    """The variant's recipe: the base recipe, the grid's budget, then the variant's own changes; its "test"
+    is the validation split, which Table 3 reports (the paper's dev set, newstest2013)."""
+    cfg = load_train_config(base, [*base_overrides(steps), *extra, *variant.overrides])
+    return replace(cfg, data=replace(cfg.data, test=cfg.data.valid))
+
+
+def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base: str | Path = BASE_RECIPE,
+                    extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
+    """Train (or resume) the variant, then its row of the table: validation perplexity, BLEU, parameters."""
+    cfg = recipe_of(variant, steps, base, extra)
+    if resume:  # the run's own config, as it started (the same overrides)
+        cfg = load_train_config(None, [], run, resume=True)
+    summary = train(cfg, run, resume=resume, overwrite=not resume, quiet=quiet)
+    chosen = summary["final"]
+    select = [r for r in read_metrics(run / METRICS_FILE) if r["split"] == "select" and r["candidate"] == chosen]
+    nll = select[-1]["nll"]
+    return {"steps": summary["steps"], "train_seconds": summary["train_seconds"],
+            "parameters": summary["parameters"], "nll": nll, "ppl": math.exp(nll),
+            "bleu": summary["test"]["bleu"], "chrf": summary["test"]["chrf"], "weights": chosen,
+            "bleu_signature": summary["test"].get("bleu_signature")}
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
+    """One row per (row, label): the mean and spread over its seeds, beside the paper's numbers."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for v in grid:
+        rows.setdefault((v.row, v.label), [])
+        if v.name in results:
+            rows[(v.row, v.label)].append(results[v.name])
+    paper_of = {v.label if v.row == "base" else f"{v.row} {v.label}": v.tags.get("paper") for v in grid}
+    out = []
+    for (row, label), found in rows.items():
+        entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found),
+                                 "paper": PAPER.get(paper_of.get(label if row == "base" else f"{row} {label}") or "")}
+        entry["paper_row"] = paper_of.get(label if row == "base" else f"{row} {label}")
+        if found:
+            entry["ppl"], entry["ppl_sd"] = _spread([r["ppl"] for r in found])
+            entry["bleu"], entry["bleu_sd"] = _spread([r["bleu"] for r in found])
+            entry["parameters"] = found[0]["parameters"]
+            entry["steps"] = found[0]["steps"]
+        out.append(entry)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table in the paper's layout: ours (mean ± spread over the seeds) beside the paper's row."""
+    lines = ["| row | change | seeds | PPL (valid) | BLEU (valid) | params | paper's row | paper PPL | paper BLEU |"
+             " paper params |", "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        paper = r.get("paper") or {}
+        ours = ("| - | - | -" if "ppl" not in r else
+                f"| {r['ppl']:.2f}" + (f" ± {r['ppl_sd']:.2f}" if r["seeds"] > 1 else "") +
+                f" | {r['bleu']:.1f}" + (f" ± {r['bleu_sd']:.1f}" if r["seeds"] > 1 else "") +
+                f" | {r['parameters'] / 1e6:.2f}M")
+        lines.append(f"| {r['row']} | {r['label']} | {r['seeds']} {ours} | {r.get('paper_row') or '(beyond the paper)'}"
+                     f" | {paper.get('ppl', '')} | {paper.get('bleu', '')} | "
+                     f"{str(paper['params_m']) + 'M' if 'params_m' in paper else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
+    """BLEU against perplexity, one point per row of ours (with its spread), labelled; the base marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colors = {"base": "black", "A": "tab:blue", "B": "tab:orange", "C": "tab:green", "D": "tab:red", "E": "tab:purple"}
+    for r in rows:
+        if "ppl" not in r:
+            continue
+        ax.errorbar(r["ppl"], r["bleu"], xerr=r["ppl_sd"] or None, yerr=r["bleu_sd"] or None, fmt="o",
+                    color=colors.get(r["row"], "gray"), capsize=3, markersize=6 if r["row"] == "base" else 4)
+        ax.annotate(f"{r['row']} {r['label']}" if r["row"] != "base" else "base", (r["ppl"], r["bleu"]),
+                    textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.set_xlabel("validation perplexity (per BPE token; lower is better)")
+    ax.set_ylabel("validation BLEU, beam 4 (higher is better)")
+    ax.set_title("Table 3 at small scale: Multi30K de->en, every variant the same steps")
+    ax.grid(True, alpha=0.3)
+    with atomic_path(out_png) as tmp, as_os_error(tmp):
+        fig.savefig(tmp, dpi=110, format="png")
+    return Path(out_png)
+
+
+def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], out_dir: str | Path) -> list[Path]:
+    """``table3.md`` and ``table3.png`` in ``out_dir``, from whatever results exist."""
+    rows = table(results, grid)
+    out_dir = Path(out_dir)
+    md = write_text(out_dir / "table3.md", markdown(rows))
+    if any("ppl" in r for r in rows):
+        return [md, plot(rows, out_dir / "table3.png")]
+    return [md]
+
+
+__all__ = ["BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "variants", "recipe_of", "train_and_score", "table",
+           "markdown", "plot", "write_report", "base_overrides"]

@@ -1,0 +1,87 @@
+"""The experiment runner: a tiny Table 3 grid writes its table, skips what is done, resumes what was cut."""
+
+import json
+import os
+import subprocess
+import sys
+
+from qkv.cli import main
+from qkv.experiments import table3
+from qkv.experiments.grid import Variant, claim
+from qkv.training import loop
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64",
+        "data.vocab_size=120", "data.max_tokens=200", "data.demo_train=100", "data.demo_valid=6", "data.demo_test=5",
+        "data.max_src_len=40", "data.max_tgt_len=40"]
+
+
+def grid_argv(tmp_path, name: str, *more: str) -> list[str]:
+    return ["experiment", "table3", "--recipe", "demo", "--rows", "base,B", "--seeds", "1", "--steps", "4",
+            "--out", str(tmp_path / name / "runs"), "--results", str(tmp_path / name / "results"), "--quiet",
+            *more, *TINY]
+
+
+def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path, capsys, monkeypatch):
+    assert main(grid_argv(tmp_path, "g")) == 0
+    results = tmp_path / "g" / "results"
+    found = sorted(p.name for p in results.glob("*.json"))
+    assert found == ["B_d_k16_seed1.json", "B_d_k32_seed1.json", "base_seed1.json"], found
+    row = json.loads((results / "B_d_k16_seed1.json").read_text())
+    assert row["overrides"] == ["model.d_k=16", "train.seed=1"] and row["steps"] == 4
+    assert 0 <= row["bleu"] <= 100 and row["ppl"] > 1 and row["parameters"] > 0
+    base = json.loads((results / "base_seed1.json").read_text())
+    assert row["parameters"] != base["parameters"]  # d_k 16 of d_model 16 over 2 heads: bigger keys
+    md = (results / "table3.md").read_text()
+    assert "| B | d_k=16 | 1 |" in md and "| 5.16 | 25.1 | 58M |" in md  # ours beside the paper's row
+    assert (results / "table3.png").stat().st_size > 1000
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished variant was trained again")
+
+    monkeypatch.setattr(table3, "train", never)
+    assert main(grid_argv(tmp_path, "g")) == 0
+    assert "3 of 3 variants scored" in capsys.readouterr().err
+
+
+def test_an_interrupted_variant_resumes_to_the_result_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    assert main(grid_argv(tmp_path, "straight", "--rows", "base")) == 0
+    real = loop.optimizer_step
+
+    def dies(optimizer, loss, step, *args):
+        if step == 3:  # after the checkpoint of step 2
+            raise KeyboardInterrupt
+        return real(optimizer, loss, step, *args)
+
+    monkeypatch.setattr(loop, "optimizer_step", dies)
+    assert main(grid_argv(tmp_path, "cut", "--rows", "base")) == 130  # interrupted, as by Ctrl-C
+    monkeypatch.undo()
+    assert not list((tmp_path / "cut" / "results").glob("*.json"))
+    assert not list((tmp_path / "cut" / "runs").glob("*.claim"))  # the claim went with the process
+    assert main(grid_argv(tmp_path, "cut", "--rows", "base")) == 0
+    a, b = (json.loads(next((tmp_path / n / "results").glob("base*.json")).read_text()) for n in ("straight", "cut"))
+    for key in ("bleu", "nll", "ppl", "parameters", "steps"):
+        assert a[key] == b[key], key
+
+
+def test_a_live_claim_is_left_to_its_worker_and_a_dead_one_is_taken_over(tmp_path):
+    variant = Variant(name="v", row="A")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "v.claim").write_text(str(sleeper.pid))
+        with claim(tmp_path, variant) as mine:
+            assert not mine
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with claim(tmp_path, variant) as mine:  # its process is gone: the claim is stale
+        assert mine and (tmp_path / "v.claim").read_text() == str(os.getpid())
+    assert not (tmp_path / "v.claim").exists()
+
+
+def test_the_grid_mirrors_the_paper_and_a_bad_row_is_one_line(capsys):
+    grid = table3.variants()
+    assert len([v for v in grid if v.row == "A"]) == 12 and len([v for v in grid if v.row == "E"]) == 9
+    assert len(grid) == 39 and len({v.name for v in grid}) == 39
+    assert all(v.tags["paper"] is None or v.tags["paper"] in table3.PAPER for v in grid)
+    assert main(["experiment", "table3", "--rows", "Z"]) == 2
+    assert "--rows: unknown ['Z']" in capsys.readouterr().err
