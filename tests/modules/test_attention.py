@@ -116,10 +116,10 @@ def _copy_to_torch_mha(ours: SelfAttention | CrossAttention, bias: bool) -> torc
     return ref.eval()
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_self_attention_matches_torch_mha_with_padding_and_causal_masks(bias):
+@pytest.mark.parametrize("bias, d_k", [(True, None), (False, None), (True, 8)])  # d_k 8 = d_model / h
+def test_self_attention_matches_torch_mha_with_padding_and_causal_masks(bias, d_k):
     d, h, b, t = 32, 4, 3, 6
-    ours = SelfAttention(d, h, bias=bias).eval()
+    ours = SelfAttention(d, h, bias=bias, d_k=d_k).eval()
     ref = _copy_to_torch_mha(ours, bias)
     x = torch.randn(b, t, d)
     tokens = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 0, 0, 0], [5, 6, 7, 8, 0, 0]])
