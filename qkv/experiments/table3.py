@@ -162,7 +162,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f" | {r['bleu']:.1f}" + (f" ± {r['bleu_sd']:.1f}" if r["seeds"] > 1 else "") +
                 f" | {r['parameters'] / 1e6:.2f}M")
         lines.append(f"| {r['row']} | {r['label']} | {r['seeds']} {ours} | {r.get('paper_row') or '(beyond the paper)'}"
-                     f" | {paper.get('ppl', '')} | {paper.get('bleu', '')} | "
+                     f" | {format(paper['ppl'], '.2f') if 'ppl' in paper else ''}"
+                     f" | {format(paper['bleu'], '.1f') if 'bleu' in paper else ''} | "
                      f"{str(paper['params_m']) + 'M' if 'params_m' in paper else ''} |")
     return "\n".join(lines) + "\n"
 
@@ -196,7 +197,12 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     """``table3.md`` and ``table3.png`` in ``out_dir``, from whatever results exist."""
     rows = table(results, grid)
     out_dir = Path(out_dir)
-    md = write_text(out_dir / "table3.md", markdown(rows))
+    steps = sorted({r["steps"] for r in rows if "steps" in r})
+    caption = (f"Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every variant {' / '.join(map(str, steps)) or 'N'} "
+               "steps, beam 4, no averaging; mean ± standard deviation over the seeds scored. The paper's: "
+               "newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
+               "Written by `qkv experiment table3`; see docs/EXPERIMENTS.md.\n\n")
+    md = write_text(out_dir / "table3.md", caption + markdown(rows))
     if any("ppl" in r for r in rows):
         return [md, plot(rows, out_dir / "table3.png")]
     return [md]
