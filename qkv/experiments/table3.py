@@ -52,7 +52,8 @@ PAPER = {
     "C N=8": {"ppl": 4.88, "bleu": 25.5, "params_m": 80},
     "C d_model=256": {"ppl": 5.75, "bleu": 24.5, "params_m": 28},
     "C d_model=1024": {"ppl": 4.66, "bleu": 26.0, "params_m": 168},
-    "C d_ff=1024": {"ppl": 5.12, "bleu": 25.4, "params_m": 53}, "C d_ff=4096": {"ppl": 4.75, "bleu": 26.2, "params_m": 90},
+    "C d_ff=1024": {"ppl": 5.12, "bleu": 25.4, "params_m": 53},
+    "C d_ff=4096": {"ppl": 4.75, "bleu": 26.2, "params_m": 90},
     "D P_drop=0.0": {"ppl": 5.77, "bleu": 24.6}, "D P_drop=0.2": {"ppl": 4.95, "bleu": 25.5},
     "D eps_ls=0.0": {"ppl": 4.67, "bleu": 25.3}, "D eps_ls=0.2": {"ppl": 5.47, "bleu": 25.7},
     "E learned": {"ppl": 4.92, "bleu": 25.7},
@@ -198,9 +199,10 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     rows = table(results, grid)
     out_dir = Path(out_dir)
     steps = sorted({r["steps"] for r in rows if "steps" in r})
-    caption = (f"Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every variant {' / '.join(map(str, steps)) or 'N'} "
-               "steps, beam 4, no averaging; mean ± standard deviation over the seeds scored. The paper's: "
-               "newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
+    budget = " / ".join(map(str, steps)) or "N"
+    caption = ("Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every "
+               f"variant {budget} steps, beam 4, no averaging; mean ± standard deviation over the seeds scored. "
+               "The paper's: newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
                "Written by `qkv experiment table3`; see docs/EXPERIMENTS.md.\n\n")
     md = write_text(out_dir / "table3.md", caption + markdown(rows))
     if any("ppl" in r for r in rows):
