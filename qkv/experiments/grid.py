@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+import torch
 
 from qkv.io import read_json, write_json
 
@@ -30,6 +34,11 @@ class Variant:
     label: str = ""
     seed: int = 1
     tags: dict[str, Any] = field(default_factory=dict)
+
+
+def machine() -> str:
+    """Where a result was measured: the CPU, its cores and torch, as the benchmarks write it."""
+    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def result_path(results: Path, variant: Variant) -> Path:
@@ -108,7 +117,8 @@ def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
             result = train_and_score(variant, run, resume)
             write_json(result_path(results, variant), {"variant": variant.name, "row": variant.row,
                                                        "label": variant.label, "seed": variant.seed,
-                                                       "overrides": list(variant.overrides), **result})
+                                                       "overrides": list(variant.overrides), **result,
+                                                       "date": time.strftime("%Y-%m-%d"), "machine": machine()})
             done.append(variant.name)
     return done
 
