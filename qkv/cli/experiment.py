@@ -46,8 +46,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
         raise ValueError(f"--rows: unknown {sorted(set(rows) - known)}; the rows are {sorted(known)}")
     grid = table3.variants(rows, args.seeds)
     if not args.report:
-        for variant in grid[:1]:  # every override checked before any training (a typo fails now, not in an hour)
-            table3.recipe_of(variant, args.steps, args.recipe, args.overrides)
+        if grid:  # the overrides checked before any training (a typo fails now, not in an hour)
+            table3.recipe_of(grid[0], args.steps, args.recipe, args.overrides)
         if args.jobs > 1:  # N workers of this same command; the grid's claims keep them apart
             argv = [*sys.argv[1:], "--jobs", "1"]  # argparse keeps the last --jobs
             workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]

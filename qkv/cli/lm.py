@@ -180,8 +180,8 @@ def _finetune(args: argparse.Namespace) -> int:
     cfg = recipe.train
     train_pairs = load_pairs(args.data)
     valid_pairs = load_pairs(args.valid) if args.valid else None
-    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
-                      data_spec=args.data)
+    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume,
+                      overwrite=args.overwrite, quiet=args.quiet, data_spec=args.data)
     print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.before,
                       "after": result.after, "train_seconds": round(result.train_seconds, 1)}))
     return 0

@@ -16,6 +16,7 @@ depth...), so the two tables line up row by row.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -94,9 +95,9 @@ def variants(rows: Sequence[str] | None = None, max_seeds: int | None = None) ->
     for row, label, overrides, paper, seeds in ROWS:
         if rows and row not in rows:
             continue
+        stem = row if label == row else f"{row}_{label}".replace("=", "").replace(".", "")  # a file name
         for seed in list(seeds)[:max_seeds]:
-            name = f"{row}_{label}".replace("=", "").replace(".", "") + f"_seed{seed}"
-            out.append(Variant(name=name.replace("base_base", "base"), row=row, label=label,
+            out.append(Variant(name=f"{stem}_seed{seed}", row=row, label=label,
                                overrides=(*overrides, f"train.seed={seed}"), seed=seed, tags={"paper": paper}))
     return out
 
@@ -111,9 +112,8 @@ def recipe_of(variant: Variant, steps: int, base: str | Path = BASE_RECIPE, extr
 def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base: str | Path = BASE_RECIPE,
                     extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
     """Train (or resume) the variant, then its row of the table: validation perplexity, BLEU, parameters."""
-    cfg = recipe_of(variant, steps, base, extra)
-    if resume:  # the run's own config, as it started (the same overrides)
-        cfg = load_train_config(None, [], run, resume=True)
+    # On resume, the run's own config, as it started (the same overrides).
+    cfg = load_train_config(None, [], run, resume=True) if resume else recipe_of(variant, steps, base, extra)
     summary = train(cfg, run, resume=resume, overwrite=not resume, quiet=quiet)
     chosen = summary["final"]
     select = [r for r in read_metrics(run / METRICS_FILE) if r["split"] == "select" and r["candidate"] == chosen]
@@ -125,24 +125,21 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return mean, sd
+    """Mean and sample standard deviation (0 for one seed)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
     """One row per (row, label): the mean and spread over its seeds, beside the paper's numbers."""
-    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[Variant]] = {}
     for v in grid:
-        rows.setdefault((v.row, v.label), [])
-        if v.name in results:
-            rows[(v.row, v.label)].append(results[v.name])
-    paper_of = {v.label if v.row == "base" else f"{v.row} {v.label}": v.tags.get("paper") for v in grid}
+        groups.setdefault((v.row, v.label), []).append(v)
     out = []
-    for (row, label), found in rows.items():
-        entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found),
-                                 "paper": PAPER.get(paper_of.get(label if row == "base" else f"{row} {label}") or "")}
-        entry["paper_row"] = paper_of.get(label if row == "base" else f"{row} {label}")
+    for (row, label), seeds in groups.items():
+        found = [results[v.name] for v in seeds if v.name in results]
+        paper_row = seeds[0].tags.get("paper")
+        entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found), "paper_row": paper_row,
+                                 "paper": PAPER.get(paper_row or "")}
         if found:
             entry["ppl"], entry["ppl_sd"] = _spread([r["ppl"] for r in found])
             entry["bleu"], entry["bleu_sd"] = _spread([r["bleu"] for r in found])
