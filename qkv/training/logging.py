@@ -210,6 +210,8 @@ class Progress:
             self.bar = tqdm(
                 total=total, initial=start_step, desc=desc, file=self.stream, disable=None, dynamic_ncols=True
             )
+        if start_step:  # every trainer's resume says where it took up
+            self.write(f"{desc}: resumed from the last checkpoint, step {start_step} of {total}")
 
     @property
     def eta_seconds(self) -> float:

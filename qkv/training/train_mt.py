@@ -248,7 +248,6 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
     if resume:
         resume_state(run_dir, model, optimizer, state, runtime, metrics, data=stream)
-        log(f"resumed from {run_dir / 'last.safetensors'} at step {state.step}")
 
     cadence = Cadence(tc, state)
     progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=state.step,

@@ -149,3 +149,12 @@ def test_disabled_progress_is_silent():
     p.update(1, loss=1.0)
     p.close()
     assert out.getvalue() == ""
+
+
+def test_a_resumed_run_says_where_it_took_up():
+    out = io.StringIO()
+    Progress(total=100, desc="train lm", start_step=40, stream=out).close()
+    assert "train lm: resumed from the last checkpoint, step 40 of 100" in out.getvalue()
+    fresh = io.StringIO()
+    Progress(total=100, start_step=0, stream=fresh).close()
+    assert "resumed" not in fresh.getvalue()
