@@ -218,10 +218,12 @@ def test_train_group_tolerates_a_second_registration():
     assert set(common.command_group(sub, "train", "train").choices) == {"lm", "mt"}
 
 
-def test_demo_smoke(tmp_path, capsys):
+def test_demo_smoke(tmp_path, capsys, recwarn):
     """The whole demo with a tiny budget: it runs, writes its files and says where they are."""
     run = tmp_path / "demo"
     assert run_demo(run, overrides=TINY_OVERRIDES, quiet=True) == 0
+    # The seed sentence is drawn with the font qkv brings, whatever fonts the machine has.
+    assert not [w for w in recwarn if "missing from font" in str(w.message)]
     out = capsys.readouterr().out
     assert "Test BLEU" in out and "小明累了，他想睡觉。" in out and "Try next" in out and str(run) in out
     assert (run / ATTENTION_PNG).stat().st_size > 1000

@@ -1,23 +1,18 @@
 """Attention heatmaps as PNG files: one head, or a grid of every head of a layer.
 
-matplotlib is imported lazily (Agg backend, no display needed). Chinese tokens need a CJK font:
-the first installed one of ``CJK_FONTS`` is used (on Debian: ``apt-get install fonts-wqy-microhei``).
+matplotlib is imported lazily (Agg backend, no display needed). Chinese tokens are drawn with the
+CJK font that qkv brings (``qkv.interpret.fonts``), whatever fonts the machine has.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Sequence
 
 from torch import Tensor
 
+from qkv.interpret.fonts import use_in_matplotlib
 from qkv.io import as_os_error, atomic_path
-
-CJK_FONTS = (
-    "WenQuanYi Micro Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
-    "Source Han Sans CN", "PingFang SC", "Microsoft YaHei", "SimHei", "Heiti SC", "Arial Unicode MS",
-)
 
 
 def _pyplot():
@@ -25,17 +20,10 @@ def _pyplot():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib import font_manager
 
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    cjk = [name for name in CJK_FONTS if name in installed]
-    plt.rcParams["font.family"] = ["DejaVu Sans", *cjk[:1]]
+    use_in_matplotlib()
     plt.rcParams["axes.unicode_minus"] = False
-    return plt, bool(cjk)
-
-
-def _needs_cjk(labels: Sequence[str]) -> bool:
-    return any("\u3000" <= ch <= "\u9fff" or "\uff00" <= ch <= "\uffef" for label in labels for ch in label)
+    return plt
 
 
 def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Sequence[str], out_png: str | Path,
@@ -51,10 +39,7 @@ def plot_attention(weights: Tensor, query_tokens: Sequence[str], key_tokens: Seq
     Returns:
         The path written.
     """
-    plt, has_cjk = _pyplot()
-    if not has_cjk and _needs_cjk([*query_tokens, *key_tokens]):
-        warnings.warn("no CJK font installed: Chinese tokens will show as boxes "
-                      "(on Debian: apt-get install fonts-wqy-microhei)", stacklevel=2)
+    plt = _pyplot()
     w = weights.detach().float().cpu()
     if w.dim() == 2:
         w = w[None]

@@ -5,6 +5,8 @@ aborted and fails the test, as does any console error. Screenshots of each figur
 test-artifacts/explorer/ for a human to look at.
 """
 
+import io
+import os
 import threading
 from pathlib import Path
 
@@ -48,14 +50,37 @@ def maps_for(toks: list[str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def playwright():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium: apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def browser_without_cjk(playwright, tmp_path_factory):
+    """Chromium on a machine with no CJK font: fontconfig sees only matplotlib's own fonts (DejaVu)."""
+    import matplotlib
+
+    folder = tmp_path_factory.mktemp("fontconfig")
+    conf = folder / "fonts.conf"
+    conf.write_text(f"""<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir>{Path(matplotlib.get_data_path()) / "fonts" / "ttf"}</dir>
+<cachedir>{folder / "cache"}</cachedir></fontconfig>
+""", encoding="utf-8")
+    env = {**os.environ, "FONTCONFIG_FILE": str(conf)}
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env)
+    yield b
+    b.close()
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +111,15 @@ class Watched:
 
 @pytest.fixture
 def watched(browser, server):
+    yield from watch(browser, server)
+
+
+@pytest.fixture
+def watched_without_cjk(browser_without_cjk, server):
+    yield from watch(browser_without_cjk, server)
+
+
+def watch(browser, server):
     ctx = browser.new_context(viewport={"width": 1100, "height": 900}, service_workers="block")
     w = Watched(ctx.new_page(), server.url.rstrip("/"))
 
@@ -584,6 +618,41 @@ def test_exported_page_works_from_file_url(watched, tmp_path, artifacts):
     plain = export_page(tmp_path / "plain.html")
     page = open_page(watched, plain.as_uri())
     assert "--run DIR to see your model" in page.get_by_test_id("fig6-body").text_content()
+
+
+def glyph_pixels(page, selector: str, font_family: str | None = None) -> np.ndarray:
+    """The rendered pixels of one element, drawn in ``font_family`` (default: the page's own fonts)."""
+    import matplotlib.image as mpimg
+
+    element = page.locator(selector)
+    if font_family is not None:
+        element.evaluate("(el, family) => { el.style.fontFamily = family; }", font_family)
+    png = element.screenshot()
+    element.evaluate("el => { el.style.fontFamily = ''; }")
+    return mpimg.imread(io.BytesIO(png), format="png")
+
+
+@pytest.mark.parametrize("where", ["exported", "served"])
+def test_chinese_renders_without_any_cjk_font_installed(watched_without_cjk, tmp_path, artifacts, where):
+    w = watched_without_cjk
+    url = export_page(tmp_path / "page.html").as_uri() if where == "exported" else None
+    page = open_page(w, url)
+    page.evaluate("document.fonts.ready.then(() => 0)")
+    faces = page.evaluate("[...document.fonts].map(f => [f.family, f.status])")
+    assert ["qkv CJK", "loaded"] in faces, faces
+    seed = ".sentence .tok.t0"  # 小明
+    # This browser has no CJK font: its own fallback draws the same boxes as DejaVu Sans does.
+    tofu = glyph_pixels(page, seed, '"DejaVu Sans"')
+    np.testing.assert_array_equal(glyph_pixels(page, seed, "sans-serif"), tofu)
+    # The page's fonts draw the characters: other pixels than the boxes, and the font qkv brings.
+    drawn = glyph_pixels(page, seed)
+    assert drawn.shape != tofu.shape or np.abs(drawn - tofu).max() > 0.5
+    np.testing.assert_array_equal(glyph_pixels(page, seed, '"qkv CJK"'), drawn)
+    page.locator("header.page").screenshot(path=str(artifacts / f"header-no-cjk-font-{where}.png"))
+    if where == "exported":
+        assert all(u.startswith("file://") for u in w.requests)
+    else:
+        assert any(u.endswith("/cjk.otf") for u in w.requests)
 
 
 def test_screenshots_of_every_figure(watched, artifacts):

@@ -95,6 +95,16 @@ def test_index_and_static_files_with_csp(server):
         assert status == 200 and headers["content-type"].startswith(ctype) and len(body) > 1000
 
 
+def test_the_cjk_font_is_served_from_the_package(server):
+    from qkv.interpret.fonts import font_path
+
+    status, headers, body = get(server, "/cjk.otf")
+    assert status == 200 and headers["content-type"] == "font/otf" and body == font_path().read_bytes()
+    assert body[:4] == b"OTTO" and "font-src 'self'" in headers["content-security-policy"]
+    status, headers, body = get(server, "/cjk.otf", method="HEAD")
+    assert status == 200 and body == b"" and int(headers["content-length"]) > 10_000_000
+
+
 def test_served_files_reference_nothing_external(server):
     for name in ("/", "/figures.js", "/explorer.js", "/style.css"):
         body = get(server, name)[2].decode("utf-8")

@@ -28,8 +28,9 @@ def test_translation_maps_cover_every_kind_and_layer(mt_run):
         assert (torch.tensor(p["weights"], dtype=torch.float64) - m["weights"].double()).abs().max() <= 5e-8
 
 
-def test_plot_attention_command_writes_pngs(mt_run, capsys):
+def test_plot_attention_command_writes_pngs(mt_run, capsys, recwarn):
     assert main(["plot", "attention", "--run", str(mt_run), "小明累了。"]) == 0
+    assert not [w for w in recwarn if "missing from font" in str(w.message)]
     paths = capsys.readouterr().out.split()
     assert len(paths) == 6 and all(p.endswith(".png") for p in paths)
     assert (mt_run / "attention" / "cross_layer1.png").stat().st_size > 1000

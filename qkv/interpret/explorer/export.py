@@ -2,8 +2,10 @@
 
 ``fetch()`` does not work from ``file://``, so every stylesheet and script of ``static/`` is inlined
 and a model's attention maps, if any, are embedded as ``<script type="application/json"
-id="qkv-model-data">``. A Content-Security-Policy meta tag allows exactly those inline blocks (by
-their sha256) and nothing else: the file cannot load or send anything.
+id="qkv-model-data">``. The CJK font comes along as a WOFF2 data URL holding exactly the Chinese
+glyphs of the page (its text, its scripts and its model's tokens), so the file renders 小明 on a
+machine without CJK fonts. A Content-Security-Policy meta tag allows exactly those inline blocks (by
+their sha256) and that font and nothing else: the file cannot load or send anything.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import tempfile
 from pathlib import Path
 
 from qkv.interpret.explorer.payload import normalize_attention_data
+from qkv.interpret.fonts import FONT_URL, woff2_subset
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 _SCRIPT_TAG = re.compile(r'<script src="([A-Za-z0-9_.-]+)"></script>')
 _STYLE_TAG = re.compile(r'<link rel="stylesheet" href="([A-Za-z0-9_.-]+)">')
 _CHARSET_TAG = '<meta charset="utf-8">'
+_FONT_FACE = re.compile(r"@font-face\s*{[^}]*" + re.escape(f'url("{FONT_URL}") format("opentype")') + r"[^}]*}\s*")
 
 
 def _sha256_source(text: str) -> str:
@@ -47,40 +51,57 @@ def _json_for_script(obj: dict) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _embed_font(css: str, page_text: str) -> str:
+    """``css`` with the CJK font's source replaced by the glyphs of ``page_text`` (the rule dropped if none)."""
+    rule = _FONT_FACE.search(css)
+    if rule is None:
+        return css
+    woff2 = woff2_subset(page_text)
+    if woff2 is None:
+        return css[:rule.start()] + css[rule.end():]
+    data = base64.b64encode(woff2).decode("ascii")
+    face = rule.group(0).replace(f'url("{FONT_URL}") format("opentype")',
+                                 f'url(data:font/woff2;base64,{data}) format("woff2")')
+    return css[:rule.start()] + face + css[rule.end():]
+
+
 def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR) -> str:
     """Return the self-contained page as a string (see ``export_page``)."""
     html = (static_dir / "index.html").read_text(encoding="utf-8")
     styles: list[str] = []
     scripts: list[str] = []
 
-    def inline_style(m: re.Match) -> str:
-        css = _read_static(m.group(1), static_dir)
-        styles.append(css)
-        return f"<style>{css}</style>"
-
     def inline_script(m: re.Match) -> str:
         js = _read_static(m.group(1), static_dir)
         scripts.append(js)
         return f"<script>{js}</script>"
 
-    html = _STYLE_TAG.sub(inline_style, html)
     html = _SCRIPT_TAG.sub(inline_script, html)
-    if not scripts or not styles:
-        raise ValueError(f"{static_dir / 'index.html'}: found no script or stylesheet tag to inline")
-    if re.search(r"<(script|link)[^>]+(src|href)=\"(?!data:)", html):
-        raise ValueError(f"{static_dir / 'index.html'}: an external script or link is left after inlining")
-
     if attention_data is not None:
         data = normalize_attention_data(attention_data)
         tag = f'<script type="application/json" id="qkv-model-data">{_json_for_script(data)}</script>\n'
         first_script = html.index("<script>")
         html = html[:first_script] + tag + html[first_script:]
 
+    # The styles last: the font they embed holds the glyphs of everything else on the page.
+    page_text = html
+
+    def inline_style(m: re.Match) -> str:
+        css = _embed_font(_read_static(m.group(1), static_dir), page_text)
+        styles.append(css)
+        return f"<style>{css}</style>"
+
+    html = _STYLE_TAG.sub(inline_style, html)
+    if not scripts or not styles:
+        raise ValueError(f"{static_dir / 'index.html'}: found no script or stylesheet tag to inline")
+    if re.search(r"<(script|link)[^>]+(src|href)=\"(?!data:)", html):
+        raise ValueError(f"{static_dir / 'index.html'}: an external script or link is left after inlining")
+
     csp = (
         "default-src 'none'; "
         f"script-src {' '.join(_sha256_source(js) for js in scripts)}; "
         f"style-src {' '.join(_sha256_source(css) for css in styles)}; "
-        "img-src data:; base-uri 'none'; form-action 'none'"
+        "img-src data:; font-src data:; base-uri 'none'; form-action 'none'"
     )
     if _CHARSET_TAG not in html:
         raise ValueError(f"{static_dir / 'index.html'}: missing {_CHARSET_TAG}")

@@ -2,6 +2,7 @@
 
 Routes:
     GET /, /index.html, /<file>   the page files in ``static/`` (a fixed whitelist; no subfolders)
+    GET /cjk.otf                  the CJK font qkv brings (``qkv.interpret.fonts``), for Chinese tokens
     GET /api/status               {"model": bool, "default_text": str, "max_text_chars": int, ...}
     GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (figure 6)
     POST /api/attention           the same with a JSON body {"text": "..."}
@@ -30,6 +31,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, normalize_attention_data
+from qkv.interpret.fonts import FONT_URL, font_bytes
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_BODY_BYTES = 64 * 1024
@@ -40,7 +42,7 @@ NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"
 
 # 'self' only: no CDN, no external font, no analytics; data: for the empty favicon.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 CONTENT_TYPES = {
@@ -302,6 +304,10 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             or name.startswith(".")
         ):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad path {path!r}")
+        if name == FONT_URL:
+            # Not in static/: the file of the font package, 16 MB, that the browser keeps a day.
+            self._send_bytes(HTTPStatus.OK, font_bytes(), "font/otf", cache="max-age=86400")
+            return
         content_type = self.server.static_files.get(name)
         if content_type is None:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such file: {name}")
