@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 import json
 import os
 import re
@@ -48,6 +49,25 @@ class DataError(QkvError, ValueError):
 
 class DeviceError(QkvError, ValueError):
     """A device that was asked for but is not there (``cuda`` on a machine without CUDA)."""
+
+
+class MissingDependencyError(QkvError, ImportError):
+    """An optional library that one command needs is not installed; the message names the extra."""
+
+
+def require(module: str, extra: str, purpose: str, package: str | None = None) -> Any:
+    """Import the optional library ``module`` for ``purpose``, or say which qkv extra installs it.
+
+    Example: ``require("transformers", "hf", "qkv export hf")`` -> the module, or the error
+    "qkv export hf needs transformers, an optional part of qkv: pip install 'qkv[hf]'". ``package``
+    names what is missing when it is not the module's first part (torch.utils.tensorboard needs
+    tensorboard).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f"{purpose} needs {package or module.split('.')[0]}, an optional part of "
+                                     f"qkv: pip install 'qkv[{extra}]'") from None
 
 
 def did_you_mean(key: str, choices: Iterable[str], cutoff: float = 0.6) -> str:

@@ -26,6 +26,7 @@ Weights are named by one vocabulary everywhere (``--weights``): ``model``, ``bes
 from __future__ import annotations
 
 import functools
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ CURVES_FILE = "curves.png"
 RESULTS_FILE = "results.json"
 FINETUNE_FILE = "finetune.json"
 ADAPTER_FILE = "adapter.safetensors"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (train.logger: tensorboard)
 LAST = "last"  # the checkpoint an exact --resume continues from
 MODEL_WEIGHTS_NAME = "model.safetensors"  # the weights a run is used with
 BEST_WEIGHTS_NAME = "best.safetensors"
@@ -235,12 +237,13 @@ class Run:
         existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
         existing += self.step_weights() + sorted(self.path.glob("*.hyp"))
         existing += sorted(self.path.glob(f"{TOKENS_FILE}*"))
+        existing += [self.file(TENSORBOARD_DIR)] if self.file(TENSORBOARD_DIR).is_dir() else []
         if existing and not overwrite:
             raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
                            f"{', ...' if len(existing) > 4 else ''}); pass --resume to continue it, --overwrite to "
                            "start again, or choose another --run directory")
         for path in existing:
-            path.unlink()
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -299,7 +302,7 @@ def require_arch(run: Run, arch: str, command: str, instead: str | None = None) 
 
 __all__ = [
     "Run", "RunError", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
-    "METRICS_FILE", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
+    "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
     "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",
     "TOKENS_FILE", "WEIGHTS_SUFFIX",
 ]

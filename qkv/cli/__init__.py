@@ -13,6 +13,7 @@ import os
 import sys
 
 from qkv.cli import data, experiment, explore, info, lm, mt, plot
+from qkv.io import MissingDependencyError
 from qkv.parallel import RankError, launched_rank
 from qkv.training import distributed
 from qkv.weights import CheckpointError
@@ -72,14 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_broken_pipe()
         return 0
     # Every error a user can cause, exit code 2: bad input or config (ValueError and its kinds:
-    # ConfigError, DataError, RunError, DeviceError, TokenizerError), a path that is not there. Failures
+    # ConfigError, DataError, RunError, DeviceError, TokenizerError), a path that is not there, an optional
+    # library the command needs (MissingDependencyError: it names the extra to install). Failures
     # while running, exit code 1: unwritable files (a full disk, a read-only folder), damaged checkpoints, a loss that
     # became NaN, and under torchrun a rank that lost the others (one died, or hung past the timeout).
-    except (ValueError, OSError, CheckpointError, FloatingPointError, RankError, RuntimeError) as e:
+    except (ValueError, OSError, CheckpointError, FloatingPointError, RankError, RuntimeError,
+            MissingDependencyError) as e:
         lost = distributed.lost_contact(e)
         if args.debug or os.environ.get("QKV_DEBUG") == "1" or (type(e) is RuntimeError and not lost):
             raise  # asked for, or a bug: its traceback is the report
-        code = 2 if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)) else 1
+        code = 2 if isinstance(e, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                   MissingDependencyError)) else 1
         if isinstance(e, RankError) and rank != 0:
             return code  # rank 0 printed the error itself
         message = str(e) if not isinstance(e, OSError) or not e.strerror else (

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from unittest import mock
 
-from qkv.io import atomic_paths, valid_text
+from qkv.io import atomic_paths, require, valid_text
 from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list, check_id
 
 MERGES_FILE = "tokenizer.bpe"
@@ -32,12 +32,8 @@ GPT2_MERGEABLE = 50256  # GPT-2's ids 0 .. 50255 come from bytes and merges; 502
 
 
 def _tiktoken():
-    try:
-        import tiktoken
-        import tiktoken.load
-    except ImportError:
-        raise TokenizerError("GPT-2's tokenizer needs tiktoken: pip install 'qkv[gpt2]'") from None
-    return tiktoken
+    require("tiktoken.load", "gpt2", "GPT-2's tokenizer")
+    return require("tiktoken", "gpt2", "GPT-2's tokenizer")
 
 
 # The merges file is tiktoken's format, a token (base64) and its rank per line. tiktoken's own writer

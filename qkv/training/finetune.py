@@ -291,7 +291,7 @@ def finetune(
         return out
 
     state = LoopState()
-    metrics = MetricsLogger(out_dir, enabled=runtime.is_main)
+    metrics = MetricsLogger(out_dir, enabled=runtime.is_main, logger=cfg.logger)
     if resume:
         saved = resume_state(out_dir, model, optimizer, state, runtime, metrics, task_data=sampler,
                              pretrain_data=pretrain)

@@ -1,7 +1,9 @@
 """Training telemetry: metrics as JSON lines in the run directory, progress on stderr, and a NaN guard.
 
 ``metrics.jsonl`` holds one JSON object per event (``step``, ``split``, ``time``, ``elapsed`` and the
-values), flushed line by line so a crash loses nothing already logged. Progress goes to stderr twice:
+values), flushed line by line so a crash loses nothing already logged. With ``train.logger:
+tensorboard`` the same numbers also go to TensorBoard events in ``tensorboard/`` (a tag per split and
+value: ``train/loss``, ``valid/bleu``), through torch's own ``SummaryWriter``. Progress goes to stderr twice:
 a tqdm bar when stderr is a terminal, and plain periodic lines always, so that a log file of a run
 without a terminal (a job scheduler, ``2> log``) still shows how it went.
 """
@@ -17,9 +19,11 @@ from typing import Any, TextIO
 
 import torch
 
-from qkv.io import QkvError, write_text
+from qkv.io import QkvError, require, write_text
+from qkv.runs import METRICS_FILE, TENSORBOARD_DIR
 
 _RESERVED = ("step", "split", "time", "elapsed")
+LOGGERS = ("jsonl", "tensorboard")  # train.logger: metrics.jsonl always; tensorboard adds its events
 
 
 class NonFiniteLossError(QkvError, FloatingPointError):
@@ -60,8 +64,40 @@ def _jsonable(value: Any, key: str) -> Any:
     raise TypeError(f"MetricsLogger: value of {key!r} is a {type(value).__name__}, not a number, string or list")
 
 
+class TensorBoardEvents:
+    """The scalars of each event as TensorBoard summaries: tag ``split/name``, at the event's step.
+
+    The writer opens at the first event, so that a resumed run first says where it took up:
+    ``purge_step`` makes TensorBoard drop what an interrupted run had logged after its checkpoint,
+    which the resumed run logs again (as ``metrics.jsonl`` is cut back to the checkpoint's lines).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._summary = require("torch.utils.tensorboard", "tensorboard", "train.logger: tensorboard",
+                                package="tensorboard")
+        self._writer = None
+        self.purge_step: int | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        values = {k: v for k, v in record.items() if k not in _RESERVED and isinstance(v, (int, float))
+                  and not isinstance(v, bool)}
+        if not values:
+            return
+        if self._writer is None:
+            self._writer = self._summary.SummaryWriter(str(self.folder), purge_step=self.purge_step)
+        for name, value in values.items():
+            self._writer.add_scalar(f"{record['split']}/{name}", value, record["step"], walltime=record["time"])
+        self._writer.flush()  # as metrics.jsonl: what was logged is on disk
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 class MetricsLogger:
-    """Append one JSON object per event to ``run_dir/metrics.jsonl``.
+    """Append one JSON object per event to ``run_dir/metrics.jsonl`` (and to TensorBoard, if asked).
 
     Example:
         >>> log = MetricsLogger("runs/demo")  # doctest: +SKIP
@@ -70,18 +106,21 @@ class MetricsLogger:
     Args:
         run_dir: The run directory (created if needed). An existing file is appended to, so a resumed
             run continues the same file; :meth:`rewind` first cuts it back to the checkpoint's lines.
-        filename: File name inside ``run_dir``.
         enabled: False makes every call a no-op (ranks other than 0 in distributed training).
+        logger: ``jsonl``, or ``tensorboard`` for TensorBoard events as well (``LOGGERS``; needs the
+            ``tensorboard`` extra).
     """
 
-    def __init__(self, run_dir: str | Path, filename: str = "metrics.jsonl", enabled: bool = True) -> None:
-        self.path = Path(run_dir) / filename
+    def __init__(self, run_dir: str | Path, enabled: bool = True, logger: str = LOGGERS[0]) -> None:
+        self.path = Path(run_dir) / METRICS_FILE
         self.enabled = enabled
         self._start = time.time()
         # The file is opened for each line and closed at once: no handle outlives a run that failed
         # (a handle kept in an exception's frames would hold the file, and the disk, until gc).
         self._writing = enabled
         self.lines = 0  # complete lines in the file: what a checkpoint records (see rewind)
+        self.tensorboard = TensorBoardEvents(Path(run_dir) / TENSORBOARD_DIR) if (
+            enabled and logger == "tensorboard") else None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.is_file():
@@ -92,9 +131,13 @@ class MetricsLogger:
     def rewind(self, lines: int) -> None:
         """Keep only the first ``lines`` lines (those a checkpoint saw), so that a resumed run's file equals an
         uninterrupted run's line for line: what was logged after the checkpoint is logged again."""
-        if not self._writing or lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
+        if not self._writing:
             return
         kept = self.path.read_bytes().split(b"\n")[:lines]
+        if self.tensorboard is not None:
+            self.tensorboard.purge_step = json.loads(kept[-1])["step"] + 1 if lines and kept[-1] else 0
+        if lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
+            return
         write_text(self.path, b"".join(line + b"\n" for line in kept).decode("utf-8"))
         self.lines = len(kept)
 
@@ -120,11 +163,15 @@ class MetricsLogger:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             self.lines += 1
+            if self.tensorboard is not None:
+                self.tensorboard.add(record)
         return record
 
     def close(self) -> None:
         """End the log; later :meth:`log` calls only return their record."""
         self._writing = False
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

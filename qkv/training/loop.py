@@ -42,7 +42,7 @@ from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
 from qkv.training import distributed
 from qkv.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from qkv.training.logging import MetricsLogger, NonFiniteLossError, check_finite
+from qkv.training.logging import LOGGERS, MetricsLogger, NonFiniteLossError, check_finite
 from qkv.weights import save_weights
 
 
@@ -75,6 +75,8 @@ class LoopConfig:
             fairseq and mixed-precision scalers skip a step) and go on.
         max_skips: With ``skip``, stop anyway after this many skipped batches in a row: a model that
             diverged is not rescued by skipping, and a run should not spend its budget doing nothing.
+        logger: ``jsonl`` (metrics.jsonl, always written), or ``tensorboard``: its numbers as TensorBoard
+            events in the run's ``tensorboard/`` as well (``pip install 'qkv[tensorboard]'``).
     """
 
     steps: int = 20000
@@ -91,6 +93,7 @@ class LoopConfig:
     compile: bool = False
     on_nonfinite: str = "stop"
     max_skips: int = 10
+    logger: str = LOGGERS[0]
 
     def __post_init__(self) -> None:
         for name in ("steps", "accumulate", "eval_every", "log_every", "max_skips"):
@@ -105,6 +108,8 @@ class LoopConfig:
             raise ConfigError(f"train.seed must be in [0, 2^63), got {self.seed}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"train.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.logger not in LOGGERS:
+            raise ConfigError(f"train.logger must be one of {list(LOGGERS)}, got {self.logger!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"train.on_nonfinite must be one of {list(NONFINITE_POLICIES)}, got "
                               f"{self.on_nonfinite!r}")

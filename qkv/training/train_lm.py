@@ -192,7 +192,7 @@ def train_lm(
     optimizer = build_adamw(model, lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay)
     wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
     state = LoopState()
-    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main, logger=tc.logger)
     if resume:
         resume_state(run_dir, model, optimizer, state, runtime, metrics, data=data)
     forward = compiled(wrapped, tc)

@@ -245,7 +245,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
 
     # 3. Resume: weights, optimizer, RNG states, data position and the bookkeeping below.
     state = LoopState()
-    metrics = MetricsLogger(run_dir, enabled=runtime.is_main)
+    metrics = MetricsLogger(run_dir, enabled=runtime.is_main, logger=tc.logger)
     if resume:
         resume_state(run_dir, model, optimizer, state, runtime, metrics, data=stream)
 
