@@ -33,10 +33,11 @@ ALLOWED = {
     "generation": {"runs", "models", "modules", "tokenizers"},
     "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
     "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
+    "export": {"runs", "models", "tokenizers"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
     "experiments": {"runs", "data", "evaluation", "generation", "training"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
-            "training", "demo", "experiments"},
+            "training", "demo", "experiments", "export"},
 }
 EVERYONE = {"config", "io", "parallel"}
 

@@ -2,7 +2,7 @@
 
 Each file of this package parses the arguments of one area's commands and calls the library:
 ``mt`` (train mt, translate, eval mt, demo), ``lm`` (train lm, generate, finetune, eval lm, convert),
-``data``, ``plot``, ``explore`` and ``info``. This file lists them and turns every error a user can
+``data``, ``plot``, ``explore``, ``export``, ``experiment`` and ``info``. This file lists them and turns every error a user can
 cause into one line that names the problem, never a traceback (``--debug`` shows the traceback).
 """
 
@@ -12,14 +12,14 @@ import argparse
 import os
 import sys
 
-from qkv.cli import data, experiment, explore, info, lm, mt, plot
+from qkv.cli import data, experiment, explore, export, info, lm, mt, plot
 from qkv.io import MissingDependencyError
 from qkv.parallel import RankError, launched_rank
 from qkv.training import distributed
 from qkv.weights import CheckpointError
 
 # The modules that add subcommands, in the order --help lists them.
-COMMAND_MODULES = (info, mt, lm, data, plot, explore, experiment)
+COMMAND_MODULES = (info, mt, lm, data, plot, explore, export, experiment)
 
 
 def build_parser() -> argparse.ArgumentParser:

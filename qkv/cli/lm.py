@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from qkv.cli.common import add_device, add_training_run, add_weights, command_group, finite_float, positive_int, seed
+from qkv.cli.common import (
+    add_device, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
+)
 from qkv.training.distributed import add_launcher
 from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
 from qkv.data.lm import load_tokens, split_by_position
@@ -99,6 +101,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                     "any other (needs qkv[hf,gpt2]).")
     p.add_argument("--from", dest="source", required=True,
                    help="a model name to download (gpt2, gpt2-medium, ...) or a save_pretrained folder")
+    p.add_argument("--tokenizer", type=directory, default=None,
+                   help="a folder with GPT-2's merges.txt and vocab.json (default: beside the weights, else tiktoken's)")
     p.add_argument("--run", "--run-dir", required=True, help="the new run directory")
     p.set_defaults(func=_convert_gpt2)
 
@@ -188,7 +192,7 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _convert_gpt2(args: argparse.Namespace) -> int:
-    run = convert_gpt2_run(args.source, args.run)
+    run = convert_gpt2_run(args.source, args.run, tokenizer=args.tokenizer)
     model, tokenizer = load_model(run, device="cpu")
     print(json.dumps({"run": str(run), "parameters": sum(p.numel() for p in model.parameters()),
                       "vocab_size": tokenizer.vocab_size, "context": model.cfg.max_len}))

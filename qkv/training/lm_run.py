@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
+from qkv.io import require
 from qkv.training.loop import LoopConfig, check_adam
 from qkv.models.convert import gpt_from_hf
 from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError
@@ -142,36 +143,45 @@ def load_run_recipe(run_dir: str | Path) -> LMRecipe:
     return load_json(path, LMRecipe)
 
 
-def convert_gpt2_run(source: str | Path, run_dir: str | Path) -> Path:
+def convert_gpt2_run(source: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     """Write a run directory holding a Hugging Face GPT-2 (``GPT2LMHeadModel``) and GPT-2's tokenizer.
 
     ``qkv generate`` and ``qkv eval lm --text FILE`` then use it as any run. It holds no pretraining
     corpus, which ``qkv finetune`` needs for its before/after scores. The tokenizer comes from
-    ``merges.txt`` and ``vocab.json`` in ``source`` when it is a folder that has them, else from
-    tiktoken (``qkv.tokenizers.gpt2``).
+    ``merges.txt`` and ``vocab.json`` in ``tokenizer`` (a folder), else in ``source`` when it is a
+    folder that has them, else from tiktoken (``qkv.tokenizers.gpt2``, which may download them).
 
     Args:
         source: a model name Hugging Face can load (downloads it) or a folder saved by ``save_pretrained``.
         run_dir: the new run directory (it must not hold a run yet).
+        tokenizer: a folder with GPT-2's ``merges.txt`` and ``vocab.json``, when they are not beside the weights.
     """
-    try:
-        from transformers import GPT2LMHeadModel  # optional: only this command needs it
-    except ImportError:
-        raise RunError("converting GPT-2 needs transformers: pip install 'qkv[hf,gpt2]'") from None
+    transformers = require("transformers", "hf", "qkv convert gpt2")
     run_dir, folder = Path(run_dir), Path(source)
     if Run(run_dir).exists:
         raise RunError(f"{run_dir} already holds a run; pick another --run")
-    if (folder / "merges.txt").is_file() and (folder / "vocab.json").is_file():
-        tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
+    files = ("merges.txt", "vocab.json")
+    if tokenizer is not None:
+        missing = [name for name in files if not (Path(tokenizer) / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{tokenizer}: no {' or '.join(missing)} (GPT-2's tokenizer files, as "
+                                    "save_pretrained writes them)")
+        folder = Path(tokenizer)
+    if all((folder / name).is_file() for name in files):
+        gpt2_tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
     else:
-        tokenizer = GPT2Tokenizer.from_tiktoken()
-    model = gpt_from_hf(GPT2LMHeadModel.from_pretrained(str(source)))
-    if model.cfg.vocab_size != tokenizer.vocab_size:
+        gpt2_tokenizer = GPT2Tokenizer.from_tiktoken()
+    try:
+        hf_model = transformers.GPT2LMHeadModel.from_pretrained(str(source))
+    except OSError as e:  # not a folder of weights, and no such model (or no network to fetch it)
+        raise FileNotFoundError(f"{source}: no GPT-2 weights there ({str(e).splitlines()[0][:200]})") from None
+    model = gpt_from_hf(hf_model)
+    if model.cfg.vocab_size != gpt2_tokenizer.vocab_size:
         raise ValueError(f"{source}: the model has {model.cfg.vocab_size} token embeddings, GPT-2's tokenizer "
-                         f"{tokenizer.vocab_size} ids")
+                         f"{gpt2_tokenizer.vocab_size} ids")
     recipe = LMRecipe(model=model.cfg, data=LMDataConfig(corpus="", tokenizer="gpt2", start=""))
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(run_dir)
+    gpt2_tokenizer.save(run_dir)
     save_json(recipe, run_dir / CONFIG_FILE)
     save_weights(run_dir / MODEL_WEIGHTS_NAME, model, metadata={"converted_from": str(source)})
     return run_dir

@@ -37,11 +37,17 @@ def test_from_hf_logits_match():
     torch.testing.assert_close(ours(x), hf(input_ids=x).logits, atol=1e-4, rtol=0)
 
 
-def test_to_hf_logits_match():
+@pytest.mark.parametrize("layout", [
+    {},  # GPT-2's own
+    {"activation": "gelu", "bias": False},  # nanoGPT's (the baby recipe)
+    {"positional": "sinusoidal", "activation": "relu", "tie_embeddings": False},
+])
+def test_to_hf_logits_match(layout):
     from qkv.models.convert import gpt_to_hf
 
     ours = GPT(ModelConfig(arch="gpt", vocab_size=97, d_model=48, n_heads=4, d_ff=192, n_layers=3, max_len=64,
-                           dropout=0.0, positional="learned", norm="pre", activation="gelu_tanh")).eval()
+                           dropout=0.0, **{"positional": "learned", "norm": "pre", "activation": "gelu_tanh",
+                                           **layout})).eval()
     with torch.no_grad():
         for p in ours.parameters():
             if p.dim() == 1:
@@ -54,8 +60,9 @@ def test_to_hf_logits_match():
 def test_to_hf_refuses_a_different_layout():
     from qkv.models.convert import gpt_to_hf
 
-    with pytest.raises(ValueError, match="GPT-2 needs"):
-        gpt_to_hf(GPT(preset("tiny-gpt", positional="rope")))
+    for option, value in (("positional", "rope"), ("activation", "swiglu"), ("norm", "post"), ("d_k", 8)):
+        with pytest.raises(ValueError, match=f"model.{option}={value!r}"):
+            gpt_to_hf(GPT(preset("tiny-gpt", **{option: value})))
 
 
 def test_greedy_generation_matches_hf_token_for_token():

@@ -122,6 +122,37 @@ def test_qkv_convert_gpt2_writes_a_run_that_generates_like_hf(hf_folder, tmp_pat
         convert_gpt2_run(folder, run)
 
 
+def test_convert_takes_the_tokenizer_files_from_their_own_folder(hf_folder, tmp_path, capsys, monkeypatch):
+    folder, hf, tok = hf_folder
+    read = []
+    monkeypatch.setattr(GPT2Tokenizer, "from_files",
+                        classmethod(lambda cls, merges, vocab: read.append((merges, vocab)) or small_gpt2_like()))
+    files = tmp_path / "tokenizer"
+    files.mkdir()
+    (files / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    argv = ["convert", "gpt2", "--from", str(folder), "--tokenizer", str(files), "--run", str(tmp_path / "run")]
+    assert qkv.cli.main(argv) == 2  # vocab.json is missing
+    assert capsys.readouterr().err == (f"qkv convert: error: {files}: no vocab.json (GPT-2's tokenizer files, as "
+                                       "save_pretrained writes them)\n")
+    (files / "vocab.json").write_text("{}", encoding="utf-8")
+    assert qkv.cli.main(argv) == 0
+    assert read == [(files / "merges.txt", files / "vocab.json")]
+
+
+def test_convert_names_what_to_install_and_what_is_not_there(hf_folder, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    argv = ["convert", "gpt2", "--from", str(tmp_path / "nothing"), "--run", str(tmp_path / "run")]
+    assert qkv.cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"qkv convert: error: {tmp_path / 'nothing'}: no GPT-2 weights there")
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: (_ for _ in ()).throw(
+        ModuleNotFoundError(name)) if name == "transformers" else real(name, *a))
+    assert qkv.cli.main(argv) == 2
+    assert capsys.readouterr().err == ("qkv convert: error: qkv convert gpt2 needs transformers, an optional part "
+                                       "of qkv: pip install 'qkv[hf]'\n")
+
+
 def test_a_recipe_can_ask_for_gpt2s_tokenizer(monkeypatch):
     from qkv.config import ConfigError
     from qkv.training.lm_run import LMDataConfig
