@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PIP     := $(BIN)/pip
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-all bench api clean
 
 $(BIN)/qkv: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -q
+
+# The API reference of qkv's public names (qkv/__init__.py), from their docstrings, by pdoc (pinned in the
+# dev extras, so that tests/test_api_docs.py can check docs/api/ is what this writes).
+API_OUT ?= docs/api
+api:
+	$(BIN)/pdoc qkv --no-show-source --no-search -o $(API_OUT)
 
 bench: setup
 	$(BIN)/python bench/train_gpt.py

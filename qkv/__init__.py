@@ -3,7 +3,15 @@
     from qkv import Transformer, GPT, ModelConfig
 
 The names below are imported on first use (PEP 562), so that commands which do not need torch
-(``qkv data list``) start instantly.
+(``qkv data list``) start instantly. Their reference, generated from these docstrings by pdoc, is
+docs/api/ (``make api``).
+
+- Models: ``Transformer`` (encoder-decoder), ``GPT`` (decoder-only), ``ModelConfig``, ``preset``,
+  ``build_model``, ``count_parameters``.
+- Decoding: ``generate`` (a GPT: greedy, sampling, KV cache), ``beam_search`` (translation),
+  ``Translator`` and ``Completer`` (text in, text out).
+- Runs: ``Run`` (a run directory), ``load_model`` (its model and tokenizer).
+- Seeing attention: ``capture_attention``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ _EXPORTS = {
     "Translator": "qkv.generation.api",
     "Completer": "qkv.generation.completer",
     "capture_attention": "qkv.interpret.capture",
+    "load_model": "qkv.runs",
+    "Run": "qkv.runs",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -50,3 +60,4 @@ if TYPE_CHECKING:
     from qkv.generation.completer import Completer
     from qkv.interpret.capture import capture_attention
     from qkv.models import GPT, Transformer, build_model, count_parameters
+    from qkv.runs import Run, load_model

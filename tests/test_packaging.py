@@ -1,4 +1,4 @@
-"""The wheel carries what an installed qkv needs: its recipes and the explorer's page."""
+"""The wheel carries what an installed qkv needs: its recipes, the explorer's page, py.typed."""
 
 import subprocess
 import sys
@@ -26,4 +26,5 @@ def test_the_wheel_ships_the_recipes_and_the_page(wheel):
         assert str(recipe.relative_to(ROOT)) in names, recipe.name
     for page in sorted((ROOT / "qkv" / "interpret" / "explorer" / "static").iterdir()):
         assert str(page.relative_to(ROOT)) in names, page.name
+    assert "qkv/py.typed" in names  # type checkers read qkv's annotations (PEP 561)
     assert "qkv/cli/__init__.py" in names and not any(n.startswith(("tests/", "bench/")) for n in names)
