@@ -76,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cure = p.add_mutually_exclusive_group()
     cure.add_argument("--mix", type=finite_float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
     cure.add_argument("--lora", type=positive_int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")
+    cure.add_argument("--kl", type=finite_float, metavar="BETA",
+                      help="L = L_task + BETA * KL(p_base || p) on pretraining windows (distillation from the base)")
+    p.add_argument("--pretrain-text", metavar="FILE|CORPUS",
+                   help="pretraining text to mix in and measure forgetting on (default: the base run's tokens.bin)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fine-tuning run exactly")
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
@@ -179,6 +183,10 @@ def _finetune(args: argparse.Namespace) -> int:
         overrides.append(f"train.mix={args.mix}")
     if args.lora is not None:
         overrides.append(f"train.lora_rank={args.lora}")
+    if args.kl is not None:
+        overrides.append(f"train.kl={args.kl}")
+    if args.pretrain_text is not None:
+        overrides.append(f"train.pretrain_text={args.pretrain_text}")
     if overrides:
         recipe = apply_overrides(recipe, overrides)
     cfg = recipe.train

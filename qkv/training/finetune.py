@@ -9,10 +9,13 @@ Fine-tuning starts from the base run's weights only, with a fresh optimizer and 
 task loss is the next-token NLL on the response tokens only (:mod:`qkv.data.sft`).
 
 Training on the task alone moves every weight toward the task and away from what pretraining taught:
-the pretraining loss climbs back up (catastrophic forgetting). Two cures (docs/EXPERIMENTS.md):
+the pretraining loss climbs back up (catastrophic forgetting). Three cures (docs/EXPERIMENTS.md):
 
 - the mixed loss L = L_task + lambda * L_pretrain, where each step also takes a batch of random windows
   of the pretraining corpus, so the weights are pulled to fit both; lambda = 0 is plain fine-tuning;
+- a KL term, L = L_task + beta * KL(p_base || p), on the same windows: the fine-tuned model's
+  next-token distributions are held to the frozen base model's (distillation from the base), which
+  asks for what the base predicted, all of it, rather than for the corpus's next tokens;
 - LoRA: the base weights are frozen and only low-rank adapters train (:mod:`qkv.modules.lora`); they
   are merged into the weights at the end, so the exported model is a plain GPT.
 
@@ -26,18 +29,22 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import NamedTuple, Sequence, TextIO
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from qkv.config import ConfigError, save_json, to_dict
-from qkv.data.lm import TOKENS_FILE, LMData, load_tokens
+from qkv.data.corpora import list_corpora, read_text
+from qkv.data.lm import TOKENS_FILE, LMData, load_tokens, token_dtype
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import atomic_path, autocast, evaluating, model_device, to_device, write_json
+from qkv.io import (
+    DataError, atomic_path, autocast, evaluating, model_device, read_text_file, to_device, write_json,
+)
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, require_arch
@@ -66,6 +73,12 @@ class FinetuneConfig(LoopConfig):
         weight_decay: AdamW decay on matrices (it pulls toward zero, not toward the base weights).
         beta1, beta2: AdamW betas.
         mix: lambda in L = L_task + lambda * L_pretrain (0: plain fine-tuning).
+        kl: beta in L = L_task + beta * KL(p_base || p) on pretraining windows (0: none); keeps a frozen
+            copy of the base model.
+        pretrain_text: The pretraining text to mix in and to measure forgetting on: a UTF-8 file or a
+            registered corpus name (tokenized with the base run's tokenizer). Empty: the base run's
+            tokens.bin; a run without one (a converted GPT-2) then fine-tunes without mixing and
+            without a pretraining loss.
         pretrain_batch_size: Windows per pretraining batch (0: ``batch_size``).
         lora_rank: Rank of the LoRA adapters (0: full fine-tuning).
         lora_alpha: LoRA scale numerator (0: 2 * rank).
@@ -88,6 +101,8 @@ class FinetuneConfig(LoopConfig):
     beta1: float = 0.9
     beta2: float = 0.99
     mix: float = 0.0
+    kl: float = 0.0
+    pretrain_text: str = ""
     pretrain_batch_size: int = 0
     lora_rank: int = 0
     lora_alpha: float = 0.0
@@ -104,6 +119,8 @@ class FinetuneConfig(LoopConfig):
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.mix < 0:
             raise ConfigError(f"train.mix (lambda) must be >= 0, got {self.mix}")
+        if self.kl < 0:
+            raise ConfigError(f"train.kl (beta) must be >= 0, got {self.kl}")
         if self.lora_rank < 0:
             raise ConfigError(f"train.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if not 0 < self.lr or not 0 <= self.min_lr <= self.lr:
@@ -135,41 +152,75 @@ class FinetuneResult:
     train_seconds: float = 0.0
 
 
-def mixed_loss(
+class Losses(NamedTuple):
+    """One micro-batch's losses: ``total`` is what is backpropagated."""
+
+    total: Tensor
+    task: Tensor
+    pretrain: Tensor | None
+    kl: Tensor | None
+
+
+def distillation_kl(logits: Tensor, base_logits: Tensor) -> Tensor:
+    """KL(p_base || p), the mean over positions: zero exactly when the two next-token distributions agree.
+
+    Args:
+        logits: (B, T, V) of the model being fine-tuned.
+        base_logits: (B, T, V) of the frozen base model on the same windows.
+    """
+    log_p = F.log_softmax(logits.float().flatten(0, 1), dim=-1)  # (B T, V)
+    log_base = F.log_softmax(base_logits.float().flatten(0, 1), dim=-1)  # (B T, V)
+    return F.kl_div(log_p, log_base, log_target=True, reduction="batchmean")
+
+
+def finetune_loss(
     model: nn.Module,
     task_batch: tuple[Tensor, Tensor, Tensor],
     pretrain_batch: tuple[Tensor, Tensor] | None,
     mix: float,
     amp: torch.dtype | None = None,
     task_share: float = 1.0,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """L = L_task + lambda * L_pretrain.
+    kl: float = 0.0,
+    base: nn.Module | None = None,
+) -> Losses:
+    """L = L_task + lambda * L_pretrain + beta * KL(p_base || p).
 
     Args:
         model: The GPT.
         task_batch: ``(x, y, mask)`` from :func:`qkv.data.sft.collate`; only masked targets count.
-        pretrain_batch: ``(x, y)`` windows of the pretraining corpus, or None when ``mix == 0``.
+        pretrain_batch: ``(x, y)`` windows of the pretraining corpus, or None when ``mix`` and ``kl`` are 0.
         mix: lambda.
         amp: Autocast dtype (bf16 on CUDA) or None.
         task_share: The weight of the task loss in ``total``: a data-parallel rank's share of the
             batch's response tokens, times the number of ranks (1 for one process).
+        kl: beta; needs ``base``, the frozen base model.
 
     Returns:
-        ``(total, task, pretrain)``; ``pretrain`` is None when no pretraining batch was given, and then
-        ``total`` is exactly ``task``.
+        :class:`Losses`; ``pretrain`` (``kl``) is None when no pretraining batch was given or ``mix``
+        (``kl``) is 0, and with neither ``total`` is exactly ``task``.
     """
     device = next(model.parameters()).device
     x, y, mask = (to_device(t, device) for t in task_batch)
     with autocast(device, amp):
         logits = model(x)  # (B, T, V)
     task = masked_nll(logits.float(), y, mask).loss
-    if pretrain_batch is None or mix == 0:
-        return task * task_share, task, None
+    total, pretrain, divergence = task * task_share, None, None
+    if pretrain_batch is None or (mix == 0 and kl == 0):
+        return Losses(total, task, None, None)
     px, py = (to_device(t, device) for t in pretrain_batch)
     with autocast(device, amp):
         plogits = model(px)  # (B, T, V)
-    pretrain = F.cross_entropy(plogits.float().flatten(0, 1), py.flatten())
-    return task * task_share + mix * pretrain, task, pretrain
+    if mix > 0:
+        pretrain = F.cross_entropy(plogits.float().flatten(0, 1), py.flatten())
+        total = total + mix * pretrain
+    if kl > 0:
+        if base is None:
+            raise ValueError("finetune_loss: kl > 0 needs the frozen base model")
+        with torch.no_grad(), autocast(device, amp):
+            base_logits = base(px)  # (B, T, V)
+        divergence = distillation_kl(plogits, base_logits)
+        total = total + kl * divergence
+    return Losses(total, task, pretrain, divergence)
 
 
 def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 32,
@@ -192,6 +243,23 @@ def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int,
     total, count = ranks.add(total, count, device=device)
     loss = total / max(count, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
+
+
+def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, valid_fraction: float) -> LMData | None:
+    """The pretraining text for the mixed loss and for measuring forgetting (``cfg.pretrain_text``, else
+    the base run's tokens.bin), split as the base run split its corpus; None if there is none."""
+    if cfg.pretrain_text:
+        path = Path(cfg.pretrain_text)
+        if not path.is_file() and cfg.pretrain_text not in {c.name for c in list_corpora()}:
+            raise DataError(f"train.pretrain_text={cfg.pretrain_text!r} is neither a file nor a registered corpus "
+                            "(qkv data list)")
+        text = read_text_file(path) if path.is_file() else read_text(cfg.pretrain_text)
+        tokens = np.asarray(tokenizer.encode(text), dtype=token_dtype(tokenizer.vocab_size))
+    elif base.tokens_path is not None:
+        tokens = load_tokens(base.tokens_path)
+    else:
+        return None
+    return LMData.from_tokens(tokens, valid_fraction, seed=cfg.seed + 1)
 
 
 def finetune(
@@ -245,6 +313,16 @@ def finetune(
             raise ConfigError(f"train.{name}={size} does not divide over {ranks.world_size} ranks: make it a "
                               "multiple of the number of processes")
 
+    # The pretraining text, for the mixed loss and for measuring forgetting: read before anything is
+    # written, so that a run asked to mix with nothing to mix leaves no directory behind.
+    pretrain = pretraining_data(base, cfg, tokenizer, recipe.data.valid_fraction)
+    if pretrain is None and (cfg.mix > 0 or cfg.kl > 0):
+        cure = f"train.mix={cfg.mix:g}" if cfg.mix > 0 else f"train.kl={cfg.kl:g}"
+        raise ConfigError(f"{cure} needs pretraining text, and {base_run} has no {TOKENS_FILE} "
+                          "(a converted GPT-2 has none): pass --pretrain-text FILE or a corpus name")
+    if pretrain is not None:
+        pretrain.check_context(context)
+
     def prepare() -> None:  # the main rank writes the run directory; any others wait
         Run(out_dir).prepare(resume, overwrite)
         tokenizer.save(out_dir)
@@ -253,17 +331,11 @@ def finetune(
 
     ranks.main_first(prepare)
 
-    # Data: the task examples, and the base run's pretraining tokens for the mixed loss and for
-    # measuring forgetting.
+    # Data: the task examples.
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
     train_examples = encode_pairs(train_pairs, tokenizer, context, cfg.truncate)
     valid_examples = encode_pairs(valid_pairs, tokenizer, context, cfg.truncate) if valid_pairs else []
     eval_examples = valid_examples[: cfg.eval_pairs] if cfg.eval_pairs else valid_examples
-    tokens = base.tokens_path
-    if tokens is None:
-        raise FileNotFoundError(f"{base_run}: no {TOKENS_FILE}; the pretraining tokens are needed for the "
-                                "pretraining loss (re-run `qkv train lm` or copy the file)")
-    pretrain = LMData.from_tokens(load_tokens(tokens), recipe.data.valid_fraction, seed=cfg.seed + 1)
     sampler = PairSampler(train_examples, cfg.batch_size, pad_id, seed=cfg.seed)
 
     # Model: the base weights only (a fresh optimizer and schedule), then adapters if LoRA. The seed
@@ -276,12 +348,18 @@ def finetune(
     optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     wrapped = runtime.wrap(model)  # DDP over the ranks, or the model itself
     forward = compiled(wrapped, cfg)
+    frozen = None  # the base model as it was, for the KL cure: never trained, never saved
+    if cfg.kl > 0:
+        frozen = GPT(recipe.model).to(device).eval().requires_grad_(False)
+        load_weights(base.weights_path(), frozen)
 
     def evaluate(full: bool) -> dict[str, float]:
         out: dict[str, float] = {}
         examples = valid_examples if full else eval_examples
         if examples:
             out["task_loss"] = evaluate_task(model, examples, pad_id, cfg.batch_size * 2, amp, ranks)["loss"]
+        if pretrain is None:
+            return out  # nothing to measure forgetting on
         if full:
             out["pretrain_loss"] = evaluate_tokens(model, pretrain.valid, context, 32, autocast_dtype=amp,
                                                    ranks=ranks)["loss"]
@@ -291,14 +369,14 @@ def finetune(
         return out
 
     state = LoopState()
+    streams = {"task_data": sampler, **({"pretrain_data": pretrain} if pretrain is not None else {})}
     metrics = MetricsLogger(out_dir, enabled=runtime.is_main, logger=cfg.logger)
     if resume:
-        saved = resume_state(out_dir, model, optimizer, state, runtime, metrics, task_data=sampler,
-                             pretrain_data=pretrain)
+        saved = resume_state(out_dir, model, optimizer, state, runtime, metrics, **streams)
         before = {k: float(v) for k, v in saved["before"].items()}
     else:
         before = evaluate(full=True)
-        metrics.log(0, "valid", loss=before.get("task_loss"), pretrain_loss=before["pretrain_loss"])
+        metrics.log(0, "valid", loss=before.get("task_loss"), pretrain_loss=before.get("pretrain_loss"))
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     cadence = Cadence(cfg, state)
@@ -306,13 +384,13 @@ def finetune(
                         stream=stream, enabled=not quiet and runtime.is_main)
     progress.write(f"finetune {base_run} -> {out_dir}: {len(train_examples):,} examples, "
                    f"{n_train / 1e6:.3f}M trainable parameters"
-                   + (f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else "") + f", lambda {cfg.mix:g}; before: "
+                   + (f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else "") + f", lambda {cfg.mix:g}"
+                   + (f", KL beta {cfg.kl:g}" if cfg.kl else "") + "; before: "
                    + ", ".join(f"{k} {v:.4f}" for k, v in before.items()))
     result = FinetuneResult(out_dir, state.step, before=before)
 
     def checkpoint() -> None:
-        save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, metrics=metrics,
-                   task_data=sampler, pretrain_data=pretrain)
+        save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, metrics=metrics, **streams)
 
     model.train()
     try:
@@ -323,24 +401,25 @@ def finetune(
             # Each rank trains on its block of every batch's rows. Its task loss is weighted by its share
             # of the batch's response tokens (times the ranks: DDP averages), so the update is the one
             # one process makes on the whole batch; pretraining windows all weigh the same.
-            sums = torch.zeros(2, device=device)  # task, pretrain: this rank's part of the step's means
+            sums = torch.zeros(3, device=device)  # task, pretrain, KL: this rank's part of the step's means
             for i in range(cfg.accumulate):
                 x, y, mask = sampler.next()  # (B, T) each, the whole batch on every rank
                 rows = ranks.rows(len(x))
                 share = float(mask[rows].sum()) / max(float(mask.sum()), 1.0) * ranks.world_size
                 pre_batch = None
-                if cfg.mix > 0:
+                if cfg.mix > 0 or cfg.kl > 0:
                     px, py = pretrain.get_batch("train", pretrain_bs, context)
                     pre_rows = ranks.rows(pretrain_bs)
                     pre_batch = (px[pre_rows], py[pre_rows])
                 with synced(wrapped, last=i == cfg.accumulate - 1):
-                    total, task, pre = mixed_loss(forward, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
-                                                  task_share=share)
-                    runtime.backward(total / cfg.accumulate)
-                pre = pre.detach() if pre is not None else torch.zeros((), device=device)
-                sums += torch.stack([task.detach() * share, pre]) / (cfg.accumulate * ranks.world_size)
-            task_sum, pre_sum = ranks.sum(sums)  # the whole step's task and pretraining losses
-            loss_value = update(cfg, state, runtime, optimizer, task_sum + cfg.mix * pre_sum,
+                    losses = finetune_loss(forward, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
+                                        task_share=share, kl=cfg.kl, base=frozen)
+                    runtime.backward(losses.total / cfg.accumulate)
+                parts = [losses.task.detach() * share] + [
+                    torch.zeros((), device=device) if t is None else t.detach() for t in (losses.pretrain, losses.kl)]
+                sums += torch.stack(parts) / (cfg.accumulate * ranks.world_size)
+            task_sum, pre_sum, kl_sum = ranks.sum(sums)  # the whole step's task, pretraining and KL losses
+            loss_value = update(cfg, state, runtime, optimizer, task_sum + cfg.mix * pre_sum + cfg.kl * kl_sum,
                                 (p for p in model.parameters() if p.requires_grad), metrics)
             cadence.end_step()
             if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
@@ -350,13 +429,14 @@ def finetune(
                 result.pretrain_losses.append(pre_value)
                 if cadence.log_due:
                     extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
+                    extra.update({"kl": kl_sum.item()} if cfg.kl > 0 else {})
                     metrics.log(step, "train", loss=task_value, total_loss=loss_value, lr=lr, **extra)
                 progress.update(step, loss=loss_value, lr=lr)
             if cadence.last:
                 checkpoint()  # the final evaluation, a full pass, follows the loop
             elif cadence.eval_due:
                 ev = evaluate(full=False)
-                metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev["pretrain_loss"])
+                metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev.get("pretrain_loss"))
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 checkpoint()
             elif step == stop_at:
@@ -374,11 +454,11 @@ def finetune(
             merge_lora(model)  # the export is a plain GPT
         export(out_dir, model, runtime, step=step, base_run=base_run)
         result.after = evaluate(full=True)
-        metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after["pretrain_loss"])
+        metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after.get("pretrain_loss"))
         if runtime.is_main:
             write_json(out_dir / RESULTS_FILE, {
                 "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
-                "mix": cfg.mix, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
+                "mix": cfg.mix, "kl": cfg.kl, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
             })
         progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
                        + f" ({result.train_seconds:.0f} s)")

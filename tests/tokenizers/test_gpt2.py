@@ -153,6 +153,45 @@ def test_convert_names_what_to_install_and_what_is_not_there(hf_folder, tmp_path
                                        "of qkv: pip install 'qkv[hf]'\n")
 
 
+def test_a_converted_gpt2_fine_tunes_without_tokens_and_mixes_the_text_it_is_given(hf_folder, tmp_path, capsys):
+    """A run without tokens.bin: plain SFT works; mixing needs --pretrain-text, and then measures forgetting."""
+    from safetensors.torch import load_file
+
+    folder, hf, tok = hf_folder
+    run = tmp_path / "gpt2"
+    assert qkv.cli.main(["convert", "gpt2", "--from", str(folder), "--run", str(run)]) == 0
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"the {w} is", "response": " the thing"}) + "\n"
+                             for w in ("cat", "dog", "thing", "tree")), encoding="utf-8")
+    text = tmp_path / "text.txt"
+    text.write_text("the thing in the tree is the thing there. " * 40, encoding="utf-8")
+    settings = ["train.steps=4", "train.warmup=1", "train.eval_every=2", "train.batch_size=2", "train.eval_iters=1"]
+
+    def finetune(out, *options):
+        return qkv.cli.main(["finetune", "--run", str(run), "--data", str(pairs), "--out", str(tmp_path / out),
+                             "--quiet", *options, *settings])
+
+    capsys.readouterr()
+    assert finetune("sft") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "pretrain_loss" not in result["after"] and result["after"] == {}  # no --valid, no pretraining text
+    base, tuned = load_file(str(run / "model.safetensors")), load_file(str(tmp_path / "sft" / "model.safetensors"))
+    assert any(not torch.equal(base[k], tuned[k]) for k in base)
+
+    assert finetune("mixed", "--mix", "0.5") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no tokens.bin" in err and "--pretrain-text FILE or a corpus name" in err
+    assert finetune("typo", "--mix", "0.5", "--pretrain-text", "tinyshakespear") == 2
+    assert "neither a file nor a registered corpus" in capsys.readouterr().err
+    assert not (tmp_path / "mixed").exists() and not (tmp_path / "typo").exists()  # refused before writing
+
+    assert finetune("mixed", "--mix", "0.5", "--pretrain-text", str(text)) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["before"]["pretrain_loss"] > 0 and result["after"]["pretrain_loss"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "mixed" / "metrics.jsonl").read_text().splitlines()]
+    assert all("pretrain_loss" in r for r in lines if r["split"] == "train")
+
+
 def test_a_recipe_can_ask_for_gpt2s_tokenizer(monkeypatch):
     from qkv.config import ConfigError
     from qkv.training.lm_run import LMDataConfig

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
-from qkv.training.finetune import FinetuneConfig, finetune, mixed_loss
+from qkv.training.finetune import FinetuneConfig, finetune, finetune_loss
 from qkv.runs import load_model
 from qkv.training.losses import masked_nll
 from qkv.config import from_dict
@@ -64,13 +64,47 @@ def test_mixed_loss_is_task_plus_lambda_pretrain(base_run):
     model, tok = load_model(base_run)
     batch = collate(encode_pairs(_pairs(), tok, 48), tok.pad_id)
     pre = (torch.randint(4, tok.vocab_size, (2, 16)), torch.randint(4, tok.vocab_size, (2, 16)))
-    total0, task0, p0 = mixed_loss(model, batch, pre, 0.0)
-    assert p0 is None and torch.equal(total0, task0)
-    total, task, p = mixed_loss(model, batch, pre, 0.5)
+    total0, task0, p0, kl0 = finetune_loss(model, batch, pre, 0.0)
+    assert p0 is None and kl0 is None and torch.equal(total0, task0)
+    total, task, p, kl = finetune_loss(model, batch, pre, 0.5)
+    assert kl is None
     expected_pre = F.cross_entropy(model(pre[0]).flatten(0, 1), pre[1].flatten())
     torch.testing.assert_close(p, expected_pre)
     torch.testing.assert_close(total, task + 0.5 * expected_pre)
     torch.testing.assert_close(task, task0)
+
+
+def test_the_kl_cure_is_zero_at_the_base_and_pulls_back_to_it(base_run):
+    model, tok = load_model(base_run)
+    base, _ = load_model(base_run)
+    batch = collate(encode_pairs(_pairs(), tok, 48), tok.pad_id)
+    pre = (torch.randint(4, tok.vocab_size, (2, 16)), torch.randint(4, tok.vocab_size, (2, 16)))
+    total, task, p, kl = finetune_loss(model, batch, pre, 0.0, kl=0.7, base=base)
+    assert p is None and kl.abs() < 1e-6 and torch.allclose(total, task)  # the model is the base
+    with torch.no_grad():
+        model.lm_head.weight.add_(torch.randn_like(model.lm_head.weight) * 0.05)
+    model.zero_grad()
+    total, task, p, kl = finetune_loss(model, batch, pre, 0.0, kl=0.7, base=base)
+    probs_base = F.softmax(base(pre[0]).flatten(0, 1), -1)
+    expected = (probs_base * (probs_base.log() - F.log_softmax(model(pre[0]).flatten(0, 1), -1))).sum(-1).mean()
+    torch.testing.assert_close(kl, expected)  # KL(p_base || p), averaged over positions
+    torch.testing.assert_close(total, task + 0.7 * kl)
+    kl.backward()
+    assert model.lm_head.weight.grad.abs().sum() > 0
+    assert all(q.grad is None for q in base.parameters())  # the base is never trained
+    with pytest.raises(ValueError, match="needs the frozen base"):
+        finetune_loss(model, batch, pre, 0.0, kl=0.7)
+
+
+def test_kl_finetuning_logs_the_divergence_and_stays_closer_to_the_base(base_run, tmp_path):
+    pairs = _pairs() * 4
+    plain = finetune(base_run, tmp_path / "plain", pairs, cfg=_cfg(), quiet=True, plot=False)
+    held = finetune(base_run, tmp_path / "kl", pairs, cfg=_cfg(kl=5.0), quiet=True, plot=False)
+    assert held.after["pretrain_loss"] < plain.after["pretrain_loss"]
+    lines = [json.loads(line) for line in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if r["split"] == "train"]
+    assert train and all(r["kl"] >= 0 for r in train)
+    assert json.loads((tmp_path / "kl" / "results.json").read_text())["kl"] == 5.0
 
 
 def _cfg(**kw):
