@@ -1,4 +1,5 @@
-"""``qkv experiment table3``: the paper's Table 3 at small scale (qkv.experiments.table3), resumable, side by side."""
+"""``qkv experiment table3|forgetting``: the paper's Table 3 at small scale (qkv.experiments.table3), and
+catastrophic forgetting with its three cures (qkv.experiments.forgetting); resumable, side by side."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from functools import partial
 from pathlib import Path
 
 from qkv.cli.common import positive_int
-from qkv.experiments import table3
+from qkv.experiments import forgetting, table3
 from qkv.experiments.grid import read_results, run_grid
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
+FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``experiment`` with its ``table3`` kind to the ``qkv`` command line."""
-    group = subparsers.add_parser("experiment", help="the paper's experiments: table3 (variations on the Transformer)")
+    group = subparsers.add_parser("experiment", help="the experiments: table3 (the paper's variations on the "
+                                                     "Transformer), forgetting (fine-tuning and its cures)")
     sub = group.add_subparsers(dest="experiment", metavar="NAME", required=True)
     p = sub.add_parser("table3", help="Table 3 of the paper at small scale: heads, key size, size, regularization, "
                                       "positions, every variant the same steps (docs/EXPERIMENTS.md)")
@@ -38,6 +41,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_table3)
 
+    p = sub.add_parser("forgetting", help="catastrophic forgetting: a Shakespeare GPT fine-tuned on the demo "
+                                          "translations, plain and with three cures, three seeds each")
+    p.add_argument("--out", default="runs/forgetting", help="the base and the variants' runs (default runs/forgetting)")
+    p.add_argument("--results", default=str(FORGETTING_RESULTS),
+                   help=f"each variant's JSON result, the table and the plot (default {FORGETTING_RESULTS})")
+    p.add_argument("--steps", type=positive_int, default=forgetting.FINETUNE["steps"],
+                   help=f"fine-tuning steps of every variant (default {forgetting.FINETUNE['steps']})")
+    p.add_argument("--base-steps", type=positive_int, default=forgetting.BASE_STEPS,
+                   help=f"pretraining steps of the base (default {forgetting.BASE_STEPS})")
+    p.add_argument("--seeds", type=positive_int, help=f"at most this many seeds per variant (default "
+                                                      f"{len(forgetting.SEEDS)})")
+    p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
+                                                                "and one thread each (default 1)")
+    p.add_argument("--report", action="store_true", help="only write the table and plot from the results there are")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_forgetting)
+
 
 def cmd_table3(args: argparse.Namespace) -> int:
     rows = [r.strip() for r in args.rows.split(",")] if args.rows else None
@@ -48,20 +68,50 @@ def cmd_table3(args: argparse.Namespace) -> int:
     if not args.report:
         if grid:  # the overrides checked before any training (a typo fails now, not in an hour)
             table3.recipe_of(grid[0], args.steps, args.recipe, args.overrides)
-        if args.jobs > 1:  # N workers of this same command; the grid's claims keep them apart
-            argv = [*sys.argv[1:], "--jobs", "1"]  # argparse keeps the last --jobs
-            workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]
-            codes = [w.wait() for w in workers]
-            if any(codes):
-                print(f"qkv experiment: error: a worker failed (exit codes {codes})", file=sys.stderr)
+        if args.jobs > 1:
+            if _workers(args):
                 return 1
         else:
-            log = (lambda m: None) if args.quiet else (lambda m: print(f"table3: {m}", file=sys.stderr))
             run_grid(grid, args.out, args.results,
-                     partial(table3.train_and_score, steps=args.steps, base=args.recipe, extra=args.overrides), log)
+                     partial(table3.train_and_score, steps=args.steps, base=args.recipe, extra=args.overrides),
+                     _log("table3", args.quiet))
     results = read_results(args.results, grid)
     for path in table3.write_report(results, grid, args.results):
         print(path)
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
+    return 0
+
+
+def cmd_forgetting(args: argparse.Namespace) -> int:
+    grid = forgetting.variants(args.seeds)
+    out, results = Path(args.out), Path(args.results)
+    if not args.report:
+        # The base first, in this process with every thread: the workers all fine-tune it.
+        base = forgetting.prepare_base(out, args.base_steps, quiet=args.quiet)
+        forgetting.score_base(base, results)
+        if args.jobs > 1:
+            if _workers(args):
+                return 1
+        else:
+            run_grid(grid, out, results, partial(forgetting.train_and_score, base=base, steps=args.steps),
+                     _log("forgetting", args.quiet))
+    for path in forgetting.write_report(results, grid):
+        print(path)
+    print(f"{len(read_results(results, grid))} of {len(grid)} variants scored", file=sys.stderr)
+    return 0
+
+
+def _log(name: str, quiet: bool):
+    return (lambda m: None) if quiet else (lambda m: print(f"{name}: {m}", file=sys.stderr))
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """Run ``args.jobs`` workers of this same command (``--jobs 1``); the grid's claims keep them apart."""
+    argv = [*sys.argv[1:], "--jobs", "1"]  # argparse keeps the last --jobs
+    workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]
+    codes = [w.wait() for w in workers]
+    if any(codes):
+        print(f"qkv experiment: error: a worker failed (exit codes {codes})", file=sys.stderr)
+        return 1
     return 0
 

@@ -19,8 +19,9 @@ from typing import Any, Sequence
 
 import torch
 
-from qkv.io import QkvError, write_text
+from qkv.io import DataError, QkvError, write_text
 from qkv.data.corpora import get_corpus, read_parallel
+from qkv.data.synthetic import DEMO, demo_corpus
 
 # Language codes of the registered corpora, as words for the instruction format.
 LANGUAGE_NAMES = {"zh": "Chinese", "en": "English", "de": "German", "fr": "French"}
@@ -99,13 +100,19 @@ def instruction_pairs(sources: Sequence[str], targets: Sequence[str], src_lang: 
 
 
 def load_pairs(spec: str | Path, data_dir: str | None = None) -> list[Pair]:
-    """Pairs from a JSONL file, or from ``CORPUS:SPLIT`` (a registered parallel corpus, first language to second)."""
+    """Pairs from a JSONL file, or from ``CORPUS:SPLIT`` (a registered parallel corpus, first language to second,
+    or ``demo``: the embedded demo corpus of :mod:`qkv.data.synthetic`, Chinese to English)."""
     path = Path(spec)
     if path.is_file() or str(spec).endswith((".jsonl", ".json")):
         return read_jsonl_pairs(path)
     name, _, split = str(spec).partition(":")
     if not split:
         raise FileNotFoundError(f"{spec}: neither a JSONL file nor CORPUS:SPLIT (e.g. cmn-eng:train)")
+    if name == DEMO:
+        splits = demo_corpus()
+        if split not in splits:
+            raise DataError(f"{spec}: the demo corpus has the splits {sorted(splits)}")
+        return instruction_pairs(*splits[split], "zh", "en", where=spec)
     corpus = get_corpus(name)
     src_lang, tgt_lang = corpus.languages[0], corpus.languages[1]
     src, tgt = read_parallel(name, split, src_lang, tgt_lang, data_dir)

@@ -27,6 +27,8 @@ import functools
 import random
 from dataclasses import dataclass
 
+DEMO = "demo"  # the corpus name of these pairs, wherever a corpus is named (data.corpus, --data demo:train)
+
 # (Chinese, English, gender). Names are written as one pinyin word, as in the showcase sentence.
 PEOPLE: tuple[tuple[str, str, str], ...] = (
     ("小明", "Xiaoming", "m"),

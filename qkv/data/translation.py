@@ -15,7 +15,7 @@ from typing import Sequence
 
 from qkv.data.batching import Example
 from qkv.data.corpora import read_parallel, read_parallel_files
-from qkv.data.synthetic import demo_corpus
+from qkv.data.synthetic import DEMO, demo_corpus
 from qkv.tokenizers.bpe import BPETokenizer
 
 
@@ -34,7 +34,7 @@ class DataConfig:
         demo_seed, demo_train, demo_valid, demo_test: the synthetic corpus's seed and split sizes.
     """
 
-    corpus: str = "demo"
+    corpus: str = DEMO
     src_lang: str = "zh"
     tgt_lang: str = "en"
     train: str = "train"
@@ -53,7 +53,7 @@ class DataConfig:
 
 def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     """(source lines, target lines) of one split named in ``cfg`` (``cfg.train``, ``cfg.valid``...)."""
-    if cfg.corpus == "demo":
+    if cfg.corpus == DEMO:
         splits = demo_corpus(cfg.demo_seed, cfg.demo_train, cfg.demo_valid, cfg.demo_test)
         if split not in splits:
             raise ValueError(f"the demo corpus has splits {sorted(splits)}, not {split!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,11 @@ class Variant:
 def machine() -> str:
     """Where a result was measured: the CPU, its cores and torch, as the benchmarks write it."""
     return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation over seeds (0 for one seed)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def result_path(results: Path, variant: Variant) -> Path:
@@ -123,4 +129,4 @@ def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
     return done
 
 
-__all__ = ["Variant", "run_grid", "read_results", "result_path", "claim"]
+__all__ = ["Variant", "run_grid", "read_results", "result_path", "claim", "spread"]

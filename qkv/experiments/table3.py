@@ -16,12 +16,11 @@ depth...), so the two tables line up row by row.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from qkv.experiments.grid import Variant
+from qkv.experiments.grid import Variant, spread
 from qkv.io import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
 from qkv.training.logging import read_metrics
@@ -124,11 +123,6 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
             "bleu_signature": summary["test"].get("bleu_signature")}
 
 
-def _spread(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one seed)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
     """One row per (row, label): the mean and spread over its seeds, beside the paper's numbers."""
     groups: dict[tuple[str, str], list[Variant]] = {}
@@ -141,8 +135,8 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
         entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found), "paper_row": paper_row,
                                  "paper": PAPER.get(paper_row or "")}
         if found:
-            entry["ppl"], entry["ppl_sd"] = _spread([r["ppl"] for r in found])
-            entry["bleu"], entry["bleu_sd"] = _spread([r["bleu"] for r in found])
+            entry["ppl"], entry["ppl_sd"] = spread([r["ppl"] for r in found])
+            entry["bleu"], entry["bleu_sd"] = spread([r["bleu"] for r in found])
             entry["parameters"] = found[0]["parameters"]
             entry["steps"] = found[0]["steps"]
         out.append(entry)

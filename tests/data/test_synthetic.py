@@ -131,3 +131,19 @@ def test_vocabulary_is_small():
 def test_asking_for_too_much_is_a_clear_error():
     with pytest.raises(ValueError, match="could not draw"):
         syn.demo_corpus(n_train=10, n_valid=10, n_test=100000)
+
+
+def test_the_demo_corpus_as_instruction_pairs_for_fine_tuning():
+    from qkv.data.sft import load_pairs
+    from qkv.data.synthetic import DEMO, SEED_SENTENCE, demo_corpus
+    from qkv.io import DataError
+
+    splits = demo_corpus()
+    for split in ("train", "valid", "test"):
+        pairs = load_pairs(f"{DEMO}:{split}")
+        zh, en = splits[split]
+        assert [p.prompt for p in pairs] == [f"Chinese: {s}\nEnglish:" for s in zh]
+        assert [p.response for p in pairs] == [f" {s}" for s in en]
+    assert load_pairs(f"{DEMO}:test")[0].prompt == f"Chinese: {SEED_SENTENCE[0]}\nEnglish:"
+    with pytest.raises(DataError, match="the demo corpus has the splits"):
+        load_pairs(f"{DEMO}:dev")
