@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--valid", help="held-out pairs for the task loss (JSONL or CORPUS:SPLIT)")
     p.add_argument("--out", required=True, help="the new run directory")
     p.add_argument("--recipe", "--config", dest="recipe", metavar="FILE",
-                   help="YAML with a train: section (or a finetune: section holding one, as bench/forgetting.yaml)")
+                   help="YAML with a train: section (or a finetune: section holding one)")
     cure = p.add_mutually_exclusive_group()
     cure.add_argument("--mix", type=finite_float, metavar="LAMBDA", help="L = L_task + LAMBDA * L_pretrain")
     cure.add_argument("--lora", type=positive_int, metavar="RANK", help="train LoRA adapters of this rank on a frozen base")

@@ -65,7 +65,7 @@ from qkv.weights import load_weights
 @dataclass(frozen=True)
 class FinetuneConfig(LoopConfig):
     """Fine-tuning settings: :class:`~qkv.training.loop.LoopConfig`'s knobs plus these (the ``train:`` section of
-    a fine-tuning recipe, e.g. ``finetune: train:`` in ``bench/forgetting.yaml``).
+    a fine-tuning recipe, or the ``train:`` of a ``finetune:`` section of a larger YAML file).
 
     Attributes:
         batch_size: Task examples per micro-batch.
