@@ -104,11 +104,12 @@ def score(run: Path, base: Path) -> dict[str, float]:
                                          stop=["\n"])
     refs = [p.response.strip() for p in test]
     hyps = [h.strip() for h in hyps]
-    model, tokenizer = load_model(run, device="cpu")
-    context = load_run_recipe(base).context
+    model, tokenizer = completer.model, completer.tokenizer
+    recipe = load_run_recipe(base)
+    context = recipe.context
     valid = encode_pairs(load_pairs(TASK_VALID), tokenizer, context)
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-    shakespeare = pretraining_data(Run(base), FinetuneConfig(), tokenizer, load_run_recipe(base).data.valid_fraction)
+    shakespeare = pretraining_data(Run(base), FinetuneConfig(), tokenizer, recipe.data.valid_fraction)
     return {"exact_match": 100.0 * sum(h == r for h, r in zip(hyps, refs)) / len(refs),
             "bleu": corpus_bleu(hyps, refs), "task_loss": evaluate_task(model, valid, pad)["loss"],
             "pretrain_loss": evaluate_tokens(model, shakespeare.valid, context, 32)["loss"],

@@ -231,8 +231,12 @@ class BPETokenizer:
             raise TokenizerError(f"{path}: not a `tokenizers` file the library can read: {e}") from None
         return cls(tok, _kind_of(data))
 
+    def to_json(self) -> str:
+        """The ``tokenizers`` library's JSON of this tokenizer (what ``save`` writes, and what it reads back)."""
+        return self._tok.to_str()
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, BPETokenizer) and self._tok.to_str() == other._tok.to_str()
+        return isinstance(other, BPETokenizer) and self.to_json() == other.to_json()
 
     def __repr__(self) -> str:
         return f"BPETokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"

@@ -19,12 +19,11 @@ from qkv.tokenizers.gpt2 import GPT2Tokenizer
 
 
 def _char_model(tokenizer: CharTokenizer) -> Any:
-    tokenizers = require("tokenizers", "hf", "exporting a character tokenizer")
-    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer as Backend, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(tokenizer.itos)}
     unk = UNK if tokenizer.specials and tokenizer.on_unknown == "unk" else None
-    model = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    model = Backend(models.WordLevel(vocab, unk_token=unk))
     # (?m): Oniguruma's dot-matches-newline; "isolated": each character a piece of its own.
     model.pre_tokenizer = pre_tokenizers.Split(Regex("(?m:.)"), behavior="isolated")
     model.decoder = decoders.Fuse()
@@ -39,8 +38,9 @@ def to_transformers(tokenizer: Tokenizer, translation: bool) -> Any:
         raise TokenizerError("GPT-2's own tokenizer is not exported: load it with AutoTokenizer.from_pretrained('gpt2')")
     transformers = require("transformers", "hf", "exporting a tokenizer to Hugging Face")
     if isinstance(tokenizer, BPETokenizer):
-        tokenizers = require("tokenizers", "hf", "exporting a BPE tokenizer")
-        model = tokenizers.Tokenizer.from_str(tokenizer._tok.to_str())  # a copy: the post-processor is added below
+        from tokenizers import Tokenizer as Backend
+
+        model = Backend.from_str(tokenizer.to_json())  # a copy: the post-processor is added below
     elif isinstance(tokenizer, CharTokenizer):
         model = _char_model(tokenizer)
     else:

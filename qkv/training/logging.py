@@ -133,10 +133,11 @@ class MetricsLogger:
         uninterrupted run's line for line: what was logged after the checkpoint is logged again."""
         if not self._writing:
             return
-        kept = self.path.read_bytes().split(b"\n")[:lines]
+        data = self.path.read_bytes()
+        kept = data.split(b"\n")[:lines]
         if self.tensorboard is not None:
             self.tensorboard.purge_step = json.loads(kept[-1])["step"] + 1 if lines and kept[-1] else 0
-        if lines >= self.lines and self.path.read_bytes().endswith(b"\n"):
+        if lines >= self.lines and data.endswith(b"\n"):
             return
         write_text(self.path, b"".join(line + b"\n" for line in kept).decode("utf-8"))
         self.lines = len(kept)
