@@ -51,13 +51,14 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 20) -> float:
 def linear_backend_for(impl: str) -> str:
     """Set up an implementation name's linear kernels and return the model it builds.
 
-    ``qkv-aten`` is qkv with its linear maps on PyTorch's default kernels (``F.linear``) instead of
-    oneDNN: run beside ``qkv``, it shows how much of a lead comes from the kernel.
+    ``qkv`` chooses each product's kernel by measuring it (qkv.generation.kernels); ``qkv-aten`` is qkv
+    with its linear maps on PyTorch's default kernels (``F.linear``) everywhere, ``qkv-onednn`` on
+    oneDNN's packed weights everywhere: run beside ``qkv``, they show what the choice is worth.
     """
-    if impl == "qkv-aten":
+    if impl in ("qkv-aten", "qkv-onednn"):
         from qkv.generation import kernels
 
-        kernels.set_backend("aten")
+        kernels.set_backend(impl.split("-")[1])
         return "qkv"
     return impl
 

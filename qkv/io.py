@@ -275,6 +275,12 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the {what} is damaged") from None
 
 
+def user_cache(*parts: str) -> Path:
+    """A path in qkv's user cache: ``$XDG_CACHE_HOME/qkv/...``, by default ``~/.cache/qkv/...``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base, "qkv", *parts)
+
+
 # ----------------------------------------------------------------------------------------------
 # Devices and precision
 

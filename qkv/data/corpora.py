@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from qkv.io import DataError, decode_utf8, did_you_mean, read_lines, read_text_file
+from qkv.io import DataError, decode_utf8, did_you_mean, read_lines, read_text_file, user_cache
 
 ENV_VAR = "QKV_DATA"
 
@@ -258,8 +258,7 @@ def checkout_data_root() -> Path:
 
 def cache_root() -> Path:
     """The user cache: ``$XDG_CACHE_HOME/qkv/data`` or ``~/.cache/qkv/data``; the default for fetch."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "qkv" / "data"
+    return user_cache("data")
 
 
 def search_roots(data_dir: str | Path | None = None) -> list[Path]:

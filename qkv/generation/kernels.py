@@ -5,45 +5,57 @@ same model one position at a time, and on a CPU a step is bound by its matrix-ve
 the functions that decode (greedy and beam search, ``generate``, the Completer) transform the model
 from outside for the time they decode, and put it back after (gpt-fast's rule):
 
-- :func:`decoding`: the caches, and the weights of the products every step runs laid out for oneDNN.
-  PyTorch's ``F.linear`` sends fp32 to MKL; on the AMD EPYC this project is measured on, oneDNN runs
-  these products at twice MKL's speed. ``pack_weights`` replaces the ``forward`` of each linear map a
-  step runs (:func:`step_linears`) by a :class:`PackedLinear`: products of exactly the rows it was
-  packed for, without autograd, go to oneDNN; every other call (a prompt's prefill, the steps after
-  some sentences of a beam search have finished, a weight changed since) goes to ``F.linear``. The
-  results are ``F.linear``'s up to fp32 rounding (another summation order).
+- :func:`decoding`: the caches, and the weights of the products every step runs laid out for oneDNN
+  where that is faster. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS); oneDNN's packed
+  weights (:class:`PackedLinear`) ran batch-1 products at twice MKL's speed on one AMD EPYC and at
+  half of it on an Intel Xeon, and at 0.6x on another EPYC at one thread (docs/BENCHMARKS.md). So no
+  kernel is assumed: :func:`choose` times both on each product's shape (rows, in, out) the first time
+  it is needed on a machine, and keeps the winner in the user cache (``kernels.json``, keyed by CPU
+  model, torch version and thread count). ``pack_weights`` then replaces the ``forward`` of each linear
+  map a step runs (:func:`step_linears`) where oneDNN won: products of exactly the rows it was packed
+  for, without autograd, go to oneDNN; every other call (a prompt's prefill, the steps after some
+  sentences of a beam search have finished, a weight changed since) goes to ``F.linear``. The results
+  are ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
 - :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
   (qkv.generation.compiled).
 
 Where oneDNN does not run: training (it builds a kernel for every new row count, and batches of real
 tokens change it at every step: translation training got slower and 40% larger in memory,
 docs/BENCHMARKS.md), anything that is not fp32 on a CPU (GPUs, bf16, autocast), a PyTorch without
-oneDNN, and ``QKV_LINEAR=aten`` in the environment.
+oneDNN, and ``QKV_LINEAR=aten`` in the environment (``QKV_LINEAR=onednn`` packs every step's weights
+without measuring; the default, ``auto``, measures).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from typing import Iterator
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.io import user_cache, write_json
 from qkv.models import GPT, Transformer
 
 # oneDNN's fused linear, the op torch.compile's CPU backend emits for frozen linear layers. It is a
 # private op of the pinned torch; ``available()`` checks it once and everything falls back without it.
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-_BACKENDS = ("onednn", "aten")
-_backend = os.environ.get("QKV_LINEAR", "onednn")
+_BACKENDS = ("auto", "onednn", "aten")
+_backend = os.environ.get("QKV_LINEAR", "auto")
 if _backend not in _BACKENDS:
     raise ValueError(f"QKV_LINEAR={_backend!r}: expected one of {', '.join(_BACKENDS)}")
 
 
 def set_backend(name: str) -> None:
-    """``"onednn"`` (the default where it exists) or ``"aten"`` (``F.linear`` everywhere), e.g. to compare them."""
+    """``"auto"`` (the default: the faster kernel for each shape, measured), ``"onednn"`` (packed weights
+    wherever oneDNN runs) or ``"aten"`` (``F.linear`` everywhere), e.g. to compare them."""
     global _backend
     if name not in _BACKENDS:
         raise ValueError(f"unknown linear backend {name!r}; expected one of {', '.join(_BACKENDS)}")
@@ -51,8 +63,8 @@ def set_backend(name: str) -> None:
 
 
 def backend() -> str:
-    """The backend fp32 CPU products of decoding use now: ``"onednn"`` or ``"aten"``."""
-    return "onednn" if _backend == "onednn" and available() else "aten"
+    """How fp32 CPU products of decoding choose their kernel now: ``"auto"``, ``"onednn"`` or ``"aten"``."""
+    return _backend if available() else "aten"
 
 
 _available: bool | None = None
@@ -75,11 +87,118 @@ def available() -> bool:
 def _onednn_takes(weight: Tensor) -> bool:
     """Whether products with this weight go to oneDNN: fp32 on a CPU, no autocast, the backend chosen."""
     return (
-        _backend == "onednn"
+        _backend != "aten"
         and weight.dtype == torch.float32 and weight.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu")
         and available()
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel of each product, measured on the machine at hand.
+
+CACHE_ENV = "QKV_KERNEL_CACHE"  # the file of measured choices, instead of the user cache's
+ROUNDS = 3  # alternating timings of the two kernels per shape; the median decides
+ROUND_SECONDS = 2e-3  # each timing repeats the products for about this long
+STREAM_BYTES = 24 << 20  # the weights one timing reads, more than most CPUs' caches hold
+
+_choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> "onednn" | "aten", read or measured
+
+
+def cache_path() -> Path:
+    """The file the measured choices are kept in: ``$QKV_KERNEL_CACHE``, else ``kernels.json`` in the user cache."""
+    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache("kernels.json")
+
+
+def machine() -> str:
+    """What a choice holds for: the CPU model, the torch version and the thread count."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: measure again and write it anew
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _machine_choices(key: str) -> dict[str, str]:
+    if key not in _choices:
+        found = _read_cache().get(key, {})
+        _choices[key] = {k: v for k, v in found.items() if v in ("onednn", "aten")} if isinstance(found, dict) else {}
+    return _choices[key]
+
+
+def _seconds_per_call(run: Callable[[], object], reps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        run()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
+    """Seconds per ``rows``-row product with an (out, in) fp32 weight: ``F.linear`` ("aten") and oneDNN's packed weight.
+
+    A decoding step streams every weight from memory once, so the timing cycles through copies of
+    random weights that together outgrow the CPU's caches (:data:`STREAM_BYTES`) instead of
+    multiplying one weight that stays in them. Both kernels alternate for :data:`ROUNDS` rounds;
+    medians.
+    """
+    g = torch.Generator().manual_seed(0)
+    copies = max(1, min(64, STREAM_BYTES // (4 * in_features * out_features)))
+    weights = [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(copies)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
+    x = torch.empty(rows, in_features).uniform_(-1, 1, generator=g)
+    kernels = {"aten": lambda: [F.linear(x, w) for w in weights],
+               "onednn": lambda: [_onednn_linear(x, p, None, "none", [], "") for p in packed]}
+    with torch.inference_mode():
+        once = max(_seconds_per_call(run, 2) for run in kernels.values())  # warm: oneDNN builds its kernel here
+        reps = max(1, int(ROUND_SECONDS / max(once, 1e-7)))
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for _ in range(ROUNDS):
+            for name, run in kernels.items():
+                times[name].append(_seconds_per_call(run, reps) / copies)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def choose(rows: int, in_features: int, out_features: int) -> str:
+    """The kernel of fp32 ``rows``-row products with an (out, in) weight on this machine: ``"onednn"`` or ``"aten"``.
+
+    ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first call for a shape measures
+    both (:func:`measure`, a few tenths of a second; the row count rounded up to a power of two, so
+    that a test set's batches of every size need a few measurements) and the choice is kept, in memory and in :func:`cache_path`,
+    for every later process on the same CPU model, torch and thread count.
+    """
+    if not available() or _backend == "aten":
+        return "aten"
+    if _backend == "onednn":
+        return "onednn"
+    here, bucket = machine(), 1 << max(0, rows - 1).bit_length()  # rows rounded up to a power of two
+    choices, shape = _machine_choices(here), f"{bucket},{in_features},{out_features}"
+    if shape not in choices:
+        seconds = measure(bucket, in_features, out_features)
+        choices[shape] = min(seconds, key=seconds.__getitem__)
+        data = _read_cache()  # another process may have added choices since
+        kept = data.get(here)
+        data[here] = {**(kept if isinstance(kept, dict) else {}), **choices}
+        try:
+            cache_path().parent.mkdir(parents=True, exist_ok=True)
+            write_json(cache_path(), data)
+        except OSError:  # a read-only home: the choice holds for this process
+            pass
+    return choices[shape]
+
+
+def forget_choices() -> None:
+    """Drop the choices held in memory (the next :func:`choose` reads the cache file again)."""
+    _choices.clear()
 
 
 class PackedLinear:
@@ -126,9 +245,10 @@ def step_linears(model: nn.Module) -> list[nn.Linear]:
 
 
 def pack_weights(model: nn.Module, rows: int) -> None:
-    """Lay the weights of ``model``'s decoding steps out for ``rows``-row products (where oneDNN runs them)."""
+    """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where oneDNN runs them
+    faster than ``F.linear`` (:func:`choose`)."""
     for m in step_linears(model):
-        if _onednn_takes(m.weight):
+        if _onednn_takes(m.weight) and choose(rows, m.in_features, m.out_features) == "onednn":
             m.forward = PackedLinear(m, rows)
 
 
@@ -176,5 +296,5 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
     return y if bias is None else y + bias
 
 
-__all__ = ["set_backend", "backend", "available", "PackedLinear", "step_linears", "pack_weights", "unpack_weights",
+__all__ = ["set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices", "PackedLinear", "step_linears", "pack_weights", "unpack_weights",
            "start_decoding", "end_decoding", "decoding", "compiled_linear"]

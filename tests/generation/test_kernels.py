@@ -1,5 +1,6 @@
 """Decoding's CPU speed-ups (qkv.generation.kernels) compute F.linear's function, applied around the model and removed after."""
 
+import json
 import math
 
 import pytest
@@ -15,9 +16,24 @@ needs_onednn = pytest.mark.skipif(not K.available(), reason="this torch has no o
 
 
 @pytest.fixture
-def aten_afterwards():
+def backend_afterwards():
     yield
+    K.set_backend("auto")
+
+
+@pytest.fixture
+def onednn(backend_afterwards):
+    """Every step's weights packed, without measuring."""
     K.set_backend("onednn")
+
+
+@pytest.fixture
+def fresh_choices(tmp_path, monkeypatch):
+    """An empty cache of measured choices; the fake timings ``measure`` gives are set by the test."""
+    monkeypatch.setenv(K.CACHE_ENV, str(tmp_path / "kernels.json"))
+    K.forget_choices()
+    yield tmp_path / "kernels.json"
+    K.forget_choices()
 
 
 def _packed(layer: nn.Linear, rows: int) -> nn.Linear:
@@ -26,8 +42,69 @@ def _packed(layer: nn.Linear, rows: int) -> nn.Linear:
 
 
 @needs_onednn
-def test_backend_is_onednn_by_default():
-    assert K.backend() == "onednn"
+def test_the_kernel_is_measured_by_default():
+    assert K.backend() == "auto"
+
+
+@needs_onednn
+@pytest.mark.parametrize("faster", ["onednn", "aten"])
+def test_each_product_gets_the_kernel_measured_faster_on_this_machine(fresh_choices, monkeypatch, faster):
+    measured = []
+
+    def fake(rows, n_in, n_out):
+        measured.append((rows, n_in, n_out))
+        return {"onednn": 1.0, "aten": 2.0} if faster == "onednn" else {"onednn": 2.0, "aten": 1.0}
+
+    monkeypatch.setattr(K, "measure", fake)
+    model = GPT(preset("tiny-gpt")).eval()
+    pack_weights(model, 3)
+    packed = [isinstance(m.__dict__.get("forward"), PackedLinear) for m in step_linears(model)]
+    assert all(packed) if faster == "onednn" else not any(packed)
+    shapes = {(4, m.in_features, m.out_features) for m in step_linears(model)}  # 3 rows: measured as 4
+    assert sorted(measured) == sorted(shapes)  # each shape once, however many layers have it
+    # Kept for the next process on this machine: no measuring again.
+    saved = json.loads(fresh_choices.read_text())
+    assert set(saved) == {K.machine()}
+    assert set(saved[K.machine()].values()) == {faster}
+    K.forget_choices()
+    unpack_weights(model)
+    pack_weights(model, 4)
+    assert len(measured) == len(shapes)
+
+
+@needs_onednn
+def test_a_damaged_choices_file_is_measured_again(fresh_choices, monkeypatch):
+    fresh_choices.write_text("{not json")
+    monkeypatch.setattr(K, "measure", lambda *shape: {"onednn": 1.0, "aten": 2.0})
+    assert K.choose(1, 8, 16) == "onednn"
+    assert json.loads(fresh_choices.read_text())[K.machine()] == {"1,8,16": "onednn"}
+
+
+@needs_onednn
+def test_measure_times_both_kernels():
+    seconds = K.measure(2, 64, 96)
+    assert set(seconds) == {"onednn", "aten"} and all(0 < s < 1 for s in seconds.values())
+
+
+@needs_onednn
+def test_forced_backends_do_not_measure(fresh_choices, monkeypatch, backend_afterwards):
+    monkeypatch.setattr(K, "measure", lambda *shape: pytest.fail("measured"))
+    K.set_backend("onednn")
+    assert K.choose(1, 8, 16) == "onednn"
+    K.set_backend("aten")
+    assert K.choose(1, 8, 16) == "aten"
+    assert not fresh_choices.exists()
+
+
+@pytest.mark.parametrize("backend", ["auto", "onednn", "aten"])
+def test_every_kernel_choice_decodes_the_same(backend, backend_afterwards):
+    from qkv.generation import generate
+
+    K.set_backend(backend)
+    torch.manual_seed(0)
+    model = GPT(preset("tiny-gpt", dropout=0.0)).eval()
+    prompt = torch.randint(1, model.cfg.vocab_size, (2, 5))
+    assert generate(model, prompt, 8, temperature=0) == generate(model, prompt, 8, temperature=0, use_cache=False)
 
 
 @needs_onednn
@@ -94,7 +171,7 @@ def test_packing_is_not_used_when_gradients_are_needed():
     assert layer.weight.grad is not None
 
 
-def test_aten_backend_and_bad_name(aten_afterwards):
+def test_aten_backend_and_bad_name(backend_afterwards):
     K.set_backend("aten")
     assert K.backend() == "aten"
     model = GPT(preset("tiny-gpt")).eval()
@@ -110,7 +187,7 @@ def test_bf16_is_never_packed():
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_decoding_packs_and_frees_every_step_linear_and_the_caches():
+def test_decoding_packs_and_frees_every_step_linear_and_the_caches(onednn):
     model = GPT(preset("tiny-gpt")).eval()
     linears = step_linears(model)
     assert len(linears) == 1 + 4 * model.cfg.n_layers  # lm_head + in/out_proj, w_1, w_2 per layer
@@ -136,7 +213,7 @@ def test_translation_decoding_packs_only_what_each_step_runs():
     assert not any(name.endswith("kv_proj") for name in names)
 
 
-def test_a_model_made_under_inference_mode_decodes():
+def test_a_model_made_under_inference_mode_decodes(onednn):
     # Inference tensors keep no version counter; packing them must still work.
     from qkv.generation import generate
 
