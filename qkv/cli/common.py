@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from qkv.config import recipe_names
+from qkv.generation.quantize import KINDS
 from qkv.io import DEVICE_DEFAULT
 from qkv.runs import WEIGHT_NAMES
 from qkv.training.distributed import add_launcher
@@ -74,6 +75,13 @@ def add_device(parser: argparse.ArgumentParser) -> None:
     """``--device``: the same option, with the same default, on every command that runs a model."""
     parser.add_argument("--device", default=DEVICE_DEFAULT,
                         help=f"auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N")
+
+
+def add_quantize(parser: argparse.ArgumentParser) -> None:
+    """``--quantize int8``: decode with int8 linear maps on a CPU (qkv.generation.quantize)."""
+    parser.add_argument("--quantize", choices=KINDS, default=None,
+                        help="int8: the linear maps in int8, quantized once at load (CPU only; its BLEU cost "
+                             "is in docs/BENCHMARKS.md)")
 
 
 def add_weights(parser: argparse.ArgumentParser) -> None:

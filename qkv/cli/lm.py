@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from qkv.cli.common import (
-    add_device, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
+    add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
 )
 from qkv.training.distributed import add_launcher
 from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile the one-prompt decoding step with torch.compile: 2-3x faster steps on a CPU, "
                         "after seconds of compiling (needs a C++ compiler)")
+    add_quantize(p)
     p.set_defaults(func=_generate)
 
     p = subparsers.add_parser("finetune", help="supervised fine-tuning of a GPT run, optionally mixed or LoRA",
@@ -149,7 +150,8 @@ def _escape(text: str) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile)
+    completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile,
+                                   quantize=args.quantize)
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=args.stop)
     if args.prompt is not None:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
-from qkv.cli.common import add_device, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed
+from qkv.cli.common import add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed
 from qkv.config import ALPHA, BEAM, from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
@@ -53,6 +53,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, default=64, help="lines translated together (default 64)")
     add_device(p)
     add_weights(p)
+    add_quantize(p)
     p.set_defaults(func=cmd_translate)
 
     ev = command_group(subparsers, "eval", "evaluate a model (mt: BLEU and chrF; lm: perplexity)")
@@ -71,6 +72,7 @@ def register(subparsers) -> None:
     p.add_argument("--data-dir", type=directory, help="data root searched first for the corpus")
     add_weights(p)
     add_device(p)
+    add_quantize(p)
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.set_defaults(func=cmd_eval_mt)
 
@@ -158,7 +160,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ValueError(f"need 1 <= --nbest <= --beam, got --nbest {args.nbest}, --beam {args.beam}")
     if args.input and not Path(args.input).is_file():
         raise FileNotFoundError(f"input file not found: {args.input}")
-    translator = Translator.from_run(args.run, weights=args.weights, device=args.device)
+    translator = Translator.from_run(args.run, weights=args.weights, device=args.device, quantize=args.quantize)
     source = open(args.input, "rb") if args.input else sys.stdin
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     line_no = 0
@@ -202,7 +204,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
         if not args.run:
             raise ValueError("give --run DIR with --split NAME or --src/--ref FILES, or --hyp FILE --ref FILE")
         run = Run(args.run)
-        translator = Translator.from_run(run, weights=args.weights, device=args.device)
+        translator = Translator.from_run(run, weights=args.weights, device=args.device, quantize=args.quantize)
         if args.src:
             if not args.ref:
                 raise ValueError("--src needs --ref")

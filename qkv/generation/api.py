@@ -17,7 +17,8 @@ import torch
 
 from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS, ConfigError
 from qkv.generation.beam import beam_search, check_alpha, greedy_search
-from qkv.io import DEVICE_DEFAULT, QkvError, model_device
+from qkv.generation.quantize import check_quantize, quantized
+from qkv.io import DEVICE_DEFAULT, QkvError, model_device, resolve_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
 class InputError(QkvError, ValueError):
@@ -56,7 +57,8 @@ class Translator:
 
     @classmethod
     def from_run(cls, run: Run | str | Path, weights: str | Path | None = None,
-                 device: str | torch.device | None = DEVICE_DEFAULT, max_tokens: int = MAX_TOKENS) -> Translator:
+                 device: str | torch.device | None = DEVICE_DEFAULT, max_tokens: int = MAX_TOKENS,
+                 quantize: str | None = None) -> Translator:
         """Load the model of a run directory (see :mod:`qkv.runs`).
 
         Args:
@@ -64,15 +66,17 @@ class Translator:
             weights: ``model``, ``best``, ``last``, ``average`` (files of the run) or a weights file
                 (default: ``model.safetensors``, else ``best``, else ``last``).
             device: where to run (``auto``: CUDA when present).
+            quantize: ``"int8"``: the linear maps quantized as they are loaded (CPU only; qkv.generation.quantize).
 
         Raises:
             FileNotFoundError: the directory or one of its files is missing (each is named).
             RunError: files that do not belong together, or a run of a GPT.
         """
+        check_quantize(quantize, resolve_device(device))
         run = Run.of(run)
         require_arch(run, "transformer", "translation", instead="qkv generate")
         model, tokenizer = load_model(run, weights, device)
-        return cls(model, tokenizer, max_tokens=max_tokens)
+        return cls(quantized(model, quantize) if quantize else model, tokenizer, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.decode import generate
 from qkv.generation.kernels import end_decoding, start_decoding
 from qkv.generation.sampling import check_sampling_args, next_token
-from qkv.io import DEVICE_DEFAULT, model_device
+from qkv.generation.quantize import check_quantize, quantized
+from qkv.io import DEVICE_DEFAULT, model_device, resolve_device
 from qkv.runs import Run, load_model, require_arch
 
 
@@ -51,13 +52,16 @@ class Completer:
 
     @classmethod
     def from_run(cls, run: Run | str | Path, device: str | torch.device | None = DEVICE_DEFAULT,
-                 weights: str | Path | None = None, compile: bool = False) -> Completer:
+                 weights: str | Path | None = None, compile: bool = False, quantize: str | None = None) -> Completer:
         """Load the model, tokenizer and start text of a run directory (``qkv train lm``, ``qkv finetune``,
-        ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path)."""
+        ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path);
+        ``quantize="int8"``: the linear maps quantized as they are loaded (CPU only; qkv.generation.quantize)."""
+        check_quantize(quantize, resolve_device(device), compile)
         run = Run.of(run)
         require_arch(run, "gpt", "text generation", instead="qkv translate")
         model, tokenizer = load_model(run, weights, device)
-        return cls(model, tokenizer, start_text=run.start_text, compile=compile)
+        return cls(quantized(model, quantize) if quantize else model, tokenizer, start_text=run.start_text,
+                   compile=compile)
 
     @property
     def context(self) -> int:

@@ -146,21 +146,29 @@ def _seconds_per_call(run: Callable[[], object], reps: int) -> float:
 def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
     """Seconds per ``rows``-row product with an (out, in) fp32 weight: ``F.linear`` ("aten") and oneDNN's packed weight.
 
-    A decoding step streams every weight from memory once, so the timing cycles through copies of
-    random weights that together outgrow the CPU's caches (:data:`STREAM_BYTES`) instead of
-    multiplying one weight that stays in them. Both kernels alternate for :data:`ROUNDS` rounds;
-    medians.
+    A decoding step streams every weight from memory once, so where one product is quick the timing
+    cycles through copies of random weights that together outgrow the CPU's caches
+    (:data:`STREAM_BYTES`) instead of multiplying one weight that stays in them. Both kernels
+    alternate for :data:`ROUNDS` rounds of about :data:`ROUND_SECONDS` each (or one product, if that
+    is longer); medians.
     """
     g = torch.Generator().manual_seed(0)
-    copies = max(1, min(64, STREAM_BYTES // (4 * in_features * out_features)))
-    weights = [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(copies)]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
     x = torch.empty(rows, in_features).uniform_(-1, 1, generator=g)
-    kernels = {"aten": lambda: [F.linear(x, w) for w in weights],
-               "onednn": lambda: [_onednn_linear(x, p, None, "none", [], "") for p in packed]}
+
+    def weights(n: int) -> list[Tensor]:
+        return [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(n)]
+
     with torch.inference_mode():
-        once = max(_seconds_per_call(run, 2) for run in kernels.values())  # warm: oneDNN builds its kernel here
-        reps = max(1, int(ROUND_SECONDS / max(once, 1e-7)))
+        w = weights(1)
+        p = torch.ops.mkldnn._reorder_linear_weight(w[0], rows)
+        once = max(_seconds_per_call(lambda: F.linear(x, w[0]), 2),  # warm: oneDNN builds its kernel here
+                   _seconds_per_call(lambda: _onednn_linear(x, p, None, "none", [], ""), 2))
+        copies = max(1, min(STREAM_BYTES // (4 * in_features * out_features), int(ROUND_SECONDS / max(once, 1e-7))))
+        w = w + weights(copies - 1)
+        packed = [torch.ops.mkldnn._reorder_linear_weight(m, rows) for m in w]
+        kernels = {"aten": lambda: [F.linear(x, m) for m in w],
+                   "onednn": lambda: [_onednn_linear(x, m, None, "none", [], "") for m in packed]}
+        reps = max(1, int(ROUND_SECONDS / max(once * copies, 1e-7)))
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for _ in range(ROUNDS):
             for name, run in kernels.items():

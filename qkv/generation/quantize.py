@@ -1,0 +1,59 @@
+"""int8 decoding: the linear maps of a model quantized once, as it is loaded, for CPU inference.
+
+A decoding step on a CPU is bound by reading its weights (qkv.generation.kernels): int8 weights are a
+quarter of fp32's bytes. This is PyTorch's dynamic quantization (``torch.ao.quantization``): each
+``nn.Linear`` becomes a quantized one whose weight is int8 with one scale per output row
+(per-channel, which loses less than one scale per matrix), and whose input is quantized on the fly,
+row by row of the batch, at every call; products accumulate in int32 (FBGEMM's kernels on x86,
+QNNPACK's on ARM). Everything else stays fp32: embeddings, LayerNorms, attention over the cache. The
+model is transformed from outside, like every speed-up of decoding; the paper's modules do not know.
+
+The cost in quality is measured, not assumed: BLEU of Multi30K test2016 in fp32 and int8
+(bench/int8_quality.py, docs/BENCHMARKS.md). PyTorch has marked ``torch.ao.quantization``
+deprecated in favour of torchao, whose CPU int8 linear runs slower than fp32 in eager mode on the
+pinned torch (measured: 2.6 ms against 0.34 for a 384x1536 pair of products at one row), so qkv keeps
+the kernels that are fast today and silences the notice.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+from qkv.config import ConfigError
+
+KINDS = ("int8",)
+
+
+def check_quantize(kind: str | None, device: torch.device, compile: bool = False) -> None:
+    """One clear line, before any work, where ``kind`` cannot be used here."""
+    if kind is None:
+        return
+    if kind not in KINDS:
+        raise ConfigError(f"--quantize {kind}: expected one of {', '.join(KINDS)}")
+    if device.type != "cpu":
+        raise ConfigError(f"--quantize {kind} runs on CPUs (PyTorch's dynamic quantization has no {device.type} "
+                          "kernels); on a GPU decode in bf16, without --quantize")
+    if compile:
+        raise ConfigError(f"--quantize {kind} and --compile do not combine: the compiled step multiplies fp32 "
+                          "weights; choose one")
+
+
+def quantized(model: nn.Module, kind: str = "int8") -> nn.Module:
+    """A copy of ``model`` (on the CPU, in eval mode) whose ``nn.Linear`` maps compute in int8.
+
+    Tied weights (the output projection and the embedding) part: the projection's int8 copy is its
+    own, the embedding stays fp32.
+    """
+    check_quantize(kind, next(model.parameters()).device)
+    spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|torch\.quantize_per).*deprecated")
+        quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8)
+    return quantized
+
+
+__all__ = ["KINDS", "check_quantize", "quantized"]
