@@ -1,24 +1,32 @@
-"""``qkv export hf``: a run as a Hugging Face model folder that ``from_pretrained`` and ``AutoTokenizer`` load.
+"""``qkv export hf|ctranslate2``: a run as a model folder another library loads.
 
-A GPT run becomes a ``GPT2LMHeadModel`` (``qkv.models.convert``), a translation run a
-``MarianMTModel`` (``qkv.models.marian``); each with its config, ``model.safetensors``, a generation
-config that starts and stops as qkv does, and its tokenizer as a ``PreTrainedTokenizerFast``
-(``qkv.tokenizers.hf``; a GPT converted from GPT-2 keeps GPT-2's own, from the Hub). The folder is
-written beside its destination and renamed into place: it is there whole or not at all, and a
-folder that holds anything is replaced only with ``overwrite``.
+- ``hf``: a folder that ``from_pretrained`` and ``AutoTokenizer`` load. A GPT run becomes a
+  ``GPT2LMHeadModel`` (``qkv.models.convert``), a translation run a ``MarianMTModel``
+  (``qkv.models.marian``); each with its config, ``model.safetensors``, a generation config that
+  starts and stops as qkv does, and its tokenizer as a ``PreTrainedTokenizerFast``
+  (``qkv.tokenizers.hf``; a GPT converted from GPT-2 keeps GPT-2's own, from the Hub).
+- ``ctranslate2``: a folder that ``ctranslate2.Translator`` (translation) or ``ctranslate2.Generator``
+  (a GPT) loads (``qkv.models.ctranslate2``): its ``model.bin``, ``config.json`` and vocabulary, in
+  fp32 or quantized by CTranslate2 (``int8``...), with qkv's ``tokenizer.json`` beside them.
+
+Either folder is written beside its destination and renamed into place: it is there whole or not at
+all, and a folder that holds anything is replaced only with ``overwrite``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from qkv.io import as_os_error
 from qkv.models import GPT, Transformer
 from qkv.models.convert import gpt_to_hf
+from qkv.models.ctranslate2 import to_ctranslate2
 from qkv.models.marian import transformer_to_marian
-from qkv.runs import Run, RunError, load_model
+from qkv.runs import TOKENIZER_FILE, Run, RunError, load_model
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.tokenizers.hf import to_transformers
 
@@ -59,17 +67,51 @@ def export_hf(run_dir: str | Path, out: str | Path, weights: str | None = None, 
     hf_model = _hf_model(model, tokenizer)
     hf_tokenizer = None if isinstance(tokenizer, GPT2Tokenizer) else to_transformers(
         tokenizer, translation=isinstance(model, Transformer))
+    with staged(out) as staging:
+        hf_model.save_pretrained(staging)
+        if hf_tokenizer is not None:
+            hf_tokenizer.save_pretrained(staging)
+    return out
+
+
+# CTranslate2's weight types of a CPU model (``ct2-transformers-converter --quantization``); None keeps fp32.
+CT2_QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
+
+
+def export_ctranslate2(run_dir: str | Path, out: str | Path, weights: str | None = None, overwrite: bool = False,
+                       quantization: str | None = None) -> Path:
+    """Write the run's model as a CTranslate2 folder at ``out`` (fp32, or ``quantization``); returns ``out``.
+
+    Raises:
+        RunError: ``out`` holds something (without ``overwrite``), or the run cannot be exported.
+        CTranslate2Unsupported: a model option CTranslate2's specs cannot express (named).
+        MissingDependencyError: ``ctranslate2`` is not installed (the ``ctranslate2`` extra).
+    """
+    if quantization is not None and quantization not in CT2_QUANTIZATIONS:
+        raise RunError(f"--quantization {quantization}: expected one of {', '.join(CT2_QUANTIZATIONS)}")
+    run, out = Run(run_dir), Path(out)
+    _prepare_out(out, overwrite)
+    model, tokenizer = load_model(run, weights, device="cpu")
+    spec = to_ctranslate2(model, tokenizer)
+    spec.optimize(quantization=quantization)
+    with staged(out) as staging:
+        spec.save(str(staging))
+        shutil.copyfile(run.file(TOKENIZER_FILE), staging / TOKENIZER_FILE)
+    return out
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A new empty folder beside ``out`` to write into; put at ``out`` when the block ends without an error,
+    removed if it fails (``out`` is then as it was)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with as_os_error(out):
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
-            hf_model.save_pretrained(staging)
-            if hf_tokenizer is not None:
-                hf_tokenizer.save_pretrained(staging)
+            yield staging
             _replace(staging, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return out
 
 
 def _replace(staging: Path, out: Path) -> None:
@@ -84,4 +126,4 @@ def _replace(staging: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-__all__ = ["export_hf"]
+__all__ = ["export_hf", "export_ctranslate2", "CT2_QUANTIZATIONS", "staged"]

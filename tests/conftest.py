@@ -10,6 +10,7 @@ import tempfile
 import pytest
 import torch
 
+from qkv.cli import main
 from qkv.generation import kernels
 
 
@@ -24,3 +25,32 @@ def pytest_configure(config):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 30
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    """Three tiny trained runs (a translation run, a character GPT, a byte-level BPE GPT) that the export tests
+    take to other libraries; ``text`` is the GPTs' corpus."""
+    root = tmp_path_factory.mktemp("export")
+    (root / "text.txt").write_text(TEXT, encoding="utf-8")
+    out = {}
+    for name, argv in {
+        "mt": ["train", "mt", "--recipe", "demo", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
+               "model.n_layers=2", "model.dropout=0", "data.demo_train=600", "train.steps=150", "train.warmup=20",
+               "train.eval_every=150", "train.eval_bleu_sentences=0", "train.test_beam=1", "train.average_last=0"],
+        "gpt_char": ["train", "lm", "--recipe", "baby", f"data.path={root / 'text.txt'}", "model.d_model=32",
+                     "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.max_len=32", "train.context=32", "train.steps=60",
+                     "train.eval_every=60", "train.eval_iters=1", "train.warmup=5"],
+        "gpt_bpe": ["train", "lm", "--recipe", "baby", f"data.path={root / 'text.txt'}", "data.tokenizer=bytelevel",
+                    "data.vocab_size=300", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64",
+                    "model.max_len=32", "train.context=32", "train.steps=40", "train.eval_every=40", "train.eval_iters=1",
+                    "train.warmup=5"],
+    }.items():
+        assert main([*argv, "train.threads=1", "--run", str(root / name), "--quiet"]) == 0, name
+        out[name] = root / name
+    out["text"] = TEXT
+    return out

@@ -17,33 +17,14 @@ from qkv.runs import load_model
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n") * 30
 SOURCES = ["小明累了，他想睡觉。", "他想睡觉。", "小明累了。", "我们去公园吧。"]
 PROMPTS = ["First", "All:\nSpeak", "hear me"]
 LIMIT = 30  # new tokens at most, for both sides
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export")
-    (root / "text.txt").write_text(TEXT, encoding="utf-8")
-    out = {}
-    for name, argv in {
-        "mt": ["train", "mt", "--recipe", "demo", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
-               "model.n_layers=2", "model.dropout=0", "data.demo_train=600", "train.steps=150", "train.warmup=20",
-               "train.eval_every=150", "train.eval_bleu_sentences=0", "train.test_beam=1", "train.average_last=0"],
-        "gpt_char": ["train", "lm", "--recipe", "baby", f"data.path={root / 'text.txt'}", "model.d_model=32",
-                     "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.max_len=32", "train.context=32", "train.steps=60",
-                     "train.eval_every=60", "train.eval_iters=1", "train.warmup=5"],
-        "gpt_bpe": ["train", "lm", "--recipe", "baby", f"data.path={root / 'text.txt'}", "data.tokenizer=bytelevel",
-                    "data.vocab_size=300", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64",
-                    "model.max_len=32", "train.context=32", "train.steps=40", "train.eval_every=40", "train.eval_iters=1",
-                    "train.warmup=5"],
-    }.items():
-        assert main([*argv, "train.threads=1", "--run", str(root / name), "--quiet"]) == 0, name
-        out[name] = root / name
-    return out
+def runs(trained_runs):
+    return trained_runs
 
 
 def export(run, out, *extra) -> int:
@@ -89,8 +70,8 @@ def test_a_gpt_run_is_a_gpt2_model_that_continues_as_qkv_does(runs, tmp_path, na
     hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     auto = transformers.AutoTokenizer.from_pretrained(out)
     assert [auto(p)["input_ids"] for p in PROMPTS] == [tokenizer.encode(p) for p in PROMPTS]
-    assert auto.decode(tokenizer.encode(TEXT[:80])) == TEXT[:80]
-    tokens = torch.tensor([tokenizer.encode(TEXT[:60])[:20]])
+    assert auto.decode(tokenizer.encode(runs['text'][:80])) == runs['text'][:80]
+    tokens = torch.tensor([tokenizer.encode(runs['text'][:60])[:20]])
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max() < 1e-4
     for prompt in PROMPTS:

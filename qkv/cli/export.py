@@ -1,4 +1,4 @@
-"""``qkv export hf --run DIR --out FOLDER``: a run as a Hugging Face model folder (see ``qkv.export``)."""
+"""``qkv export hf|ctranslate2 --run DIR --out FOLDER``: a run as another library's model folder (see ``qkv.export``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 
 from qkv.cli.common import add_weights, command_group
-from qkv.export import export_hf
+from qkv.export import CT2_QUANTIZATIONS, export_ctranslate2, export_hf
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +21,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_weights(p)
     p.set_defaults(func=_export_hf)
 
+    p = export.add_parser("ctranslate2", help="a run as a CTranslate2 folder: a Translator or Generator model",
+                          description="Write a folder that ctranslate2.Translator (a translation run) or "
+                                      "ctranslate2.Generator (a GPT run) loads (needs qkv[ctranslate2]); its vocabulary "
+                                      "is the run's tokens, and the run's tokenizer.json goes with it.")
+    p.add_argument("--run", "--run-dir", required=True, help="a run directory (qkv train mt|lm, qkv finetune, qkv demo)")
+    p.add_argument("--out", required=True, help="the folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds anything")
+    p.add_argument("--quantization", choices=CT2_QUANTIZATIONS, default=None,
+                   help="store the weights so (default: fp32); CTranslate2 can also quantize when it loads")
+    add_weights(p)
+    p.set_defaults(func=_export_ctranslate2)
+
 
 def _export_hf(args: argparse.Namespace) -> int:
-    out = export_hf(args.run, args.out, weights=args.weights, overwrite=args.overwrite)
+    return _written(export_hf(args.run, args.out, weights=args.weights, overwrite=args.overwrite))
+
+
+def _export_ctranslate2(args: argparse.Namespace) -> int:
+    return _written(export_ctranslate2(args.run, args.out, weights=args.weights, overwrite=args.overwrite,
+                                       quantization=args.quantization))
+
+
+def _written(out) -> int:
     print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir())}))
     return 0

@@ -23,13 +23,8 @@ needs_int8 = pytest.mark.skipif(not torch.backends.quantized.supported_engines, 
 
 
 @pytest.fixture(scope="module")
-def mt_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("int8") / "mt"
-    assert main(["train", "mt", "--recipe", "demo", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
-                 "model.n_layers=2", "model.dropout=0", "data.demo_train=600", "train.steps=150", "train.warmup=20",
-                 "train.eval_every=150", "train.eval_bleu_sentences=0", "train.test_beam=1", "train.average_last=0",
-                 "train.threads=1", "--run", str(run), "--quiet"]) == 0
-    return run
+def mt_run(trained_runs):
+    return trained_runs["mt"]
 
 
 @needs_int8
