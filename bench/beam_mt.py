@@ -4,11 +4,14 @@ Same dims as bench/train_mt.py (d_model 256, 3+3 layers, 4 heads, d_ff 1024, voc
 weights, eval mode; 16 sources of 18-22 tokens decoded together with beam 4, 30 decoding steps each
 (qkv: a 30-token limit, where it forces the end token; HF: min_new_tokens = max_new_tokens = 30; with
 random weights the end token is as rare as any other of the 8,000, so both run all 30 steps), length
-penalty 0.6 for both. Sentences per second, medians of fresh alternating processes. ``qkv-aten`` is
-qkv with its linear maps on PyTorch's default kernels instead of oneDNN (how much of the lead is the
-kernel).
+penalty 0.6 for all. Sentences per second, medians of fresh alternating processes. ``qkv`` chooses
+each product's kernel by measuring it; ``qkv-aten`` and ``qkv-onednn`` force one kernel everywhere
+(what the choice is worth); ``qkv-int8`` decodes with ``--quantize int8``. CTranslate2 4.8.5 on the
+same weights (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8
+compute type), given the same threads as torch. ``--size base`` is the paper's base model (512 x 6+6,
+8 heads, d_ff 2048) with a 32k vocabulary, where the products weigh more than the overhead of a step.
 
-    python bench/beam_mt.py [--repeats 5] [--out bench/results/beam_mt.json]
+    python bench/beam_mt.py [--repeats 5] [--size small|base] [--out bench/results/beam_mt.json]
 """
 
 from __future__ import annotations
@@ -20,34 +23,42 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import linear_backend_for, median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import (  # noqa: E402
+    ctranslate2_folder, linear_backend_for, median_of, peer_threads, run_alternating, time_steps, write_result,
+)
 from train_mt import D, FF, HEADS, LAYERS, PAD, VOCAB  # noqa: E402
 
 SOURCES, BEAM, NEW = 16, 4, 30
+SIZES = {"small": dict(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS),
+         "base": dict(vocab_size=32000, d_model=512, n_heads=8, d_ff=2048, n_layers=6)}
 
 
-def sources():
+def sources(vocab: int):
     import torch
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(18, 23, (SOURCES,), generator=g)
     src = torch.full((SOURCES, int(lengths.max())), PAD)
     for i, n in enumerate(lengths.tolist()):
-        src[i, :n] = torch.randint(4, VOCAB, (n,), generator=g)
+        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
     return src
 
 
-def worker(impl: str, reps: int) -> dict:
+def worker(impl: str, reps: int, size: str) -> dict:
     import torch
 
-    torch.manual_seed(0)
-    src = sources()
-    if linear_backend_for(impl) == "qkv":
-        from qkv import ModelConfig, Transformer
-        from qkv.generation.beam import beam_search
+    from qkv import ModelConfig, Transformer
 
-        model = Transformer(ModelConfig(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS,
-                                        dropout=0.1, max_len=256)).eval()
+    torch.manual_seed(0)
+    dims = SIZES[size]
+    src = sources(dims["vocab_size"])
+    model = Transformer(ModelConfig(**dims, dropout=0.1, max_len=256)).eval()
+    if linear_backend_for(impl) in ("qkv", "qkv-int8"):
+        from qkv.generation.beam import beam_search
+        from qkv.generation.quantize import quantized
+
+        if impl == "qkv-int8":
+            model = quantized(model)
 
         def run():
             hyps = beam_search(model, src, bos_id=1, eos_id=2, beam_size=BEAM, alpha=0.6, limit=NEW)
@@ -56,8 +67,10 @@ def worker(impl: str, reps: int) -> dict:
         from transformers import MarianConfig, MarianMTModel
 
         cfg = MarianConfig(
-            vocab_size=VOCAB, d_model=D, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
-            decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF, activation_function="relu",
+            vocab_size=dims["vocab_size"], d_model=dims["d_model"], encoder_layers=dims["n_layers"],
+            decoder_layers=dims["n_layers"], encoder_attention_heads=dims["n_heads"],
+            decoder_attention_heads=dims["n_heads"], encoder_ffn_dim=dims["d_ff"], decoder_ffn_dim=dims["d_ff"],
+            activation_function="relu",
             max_position_embeddings=256, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=1,
             eos_token_id=2, forced_eos_token_id=None, share_encoder_decoder_embeddings=True,
             tie_word_embeddings=True, attn_implementation="sdpa",
@@ -69,6 +82,18 @@ def worker(impl: str, reps: int) -> dict:
             out = model.generate(input_ids=src, attention_mask=mask, num_beams=BEAM, length_penalty=0.6,
                                  min_new_tokens=NEW, max_new_tokens=NEW, early_stopping=False, use_cache=True)
             assert out.shape == (SOURCES, NEW + 1), out.shape  # decoder start + 30 tokens
+    elif impl in ("ct2", "ct2-int8"):
+        import ctranslate2
+
+        ct2 = ctranslate2.Translator(ctranslate2_folder(model), device="cpu", inter_threads=1,
+                                     intra_threads=peer_threads(),
+                                     compute_type="int8" if impl == "ct2-int8" else "float32")
+        tokens = [[f"t{i}" for i in row if i != PAD] for row in src.tolist()]  # it appends <eos> itself
+
+        def run():
+            out = ct2.translate_batch(tokens, beam_size=BEAM, length_penalty=0.6, min_decoding_length=NEW,
+                                      max_decoding_length=NEW)
+            assert all(len(r.hypotheses[0]) == NEW for r in out), [len(r.hypotheses[0]) for r in out]
     else:
         raise ValueError(impl)
     with torch.inference_mode():
@@ -80,21 +105,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="timed decodes per process")
-    ap.add_argument("--impls", default="qkv,marian,qkv-aten")
+    ap.add_argument("--impls", default="qkv,marian,ct2,qkv-int8,ct2-int8,qkv-aten,qkv-onednn")
+    ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--out", default="bench/results/beam_mt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.reps)))
+        print(json.dumps(worker(args.worker, args.reps, args.size)))
         return
-    runs = run_alternating(__file__, args.impls.split(","), args.repeats, ["--reps", str(args.reps)])
+    runs = run_alternating(__file__, args.impls.split(","), args.repeats,
+                           ["--reps", str(args.reps), "--size", args.size])
     summary = {impl: {"sentences_per_s_median": median_of(rs, "sentences_per_s")} for impl, rs in runs.items()}
-    result = {"benchmark": "beam search, beam 4, 16 sources of 18-22 tokens, 30 new tokens each", "summary": summary}
-    if "qkv" in summary and "marian" in summary:
-        result["ratio_qkv_over_marian"] = summary["qkv"]["sentences_per_s_median"] / summary["marian"]["sentences_per_s_median"]
-    if "qkv-aten" in summary and "marian" in summary:
-        result["ratio_qkv_aten_over_marian"] = (summary["qkv-aten"]["sentences_per_s_median"]
-                                                / summary["marian"]["sentences_per_s_median"])
+    result = {"benchmark": "beam search, beam 4, 16 sources of 18-22 tokens, 30 new tokens each",
+              "size": {args.size: SIZES[args.size]}, "summary": summary}
+    for ours, peer in (("qkv", "marian"), ("qkv", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "marian"),
+                       ("qkv-aten", "marian"), ("qkv-onednn", "qkv-aten")):
+        if ours in summary and peer in summary:
+            result[f"ratio_{ours.replace('-', '_')}_over_{peer.replace('-', '_')}"] = (
+                summary[ours]["sentences_per_s_median"] / summary[peer]["sentences_per_s_median"])
     result["runs"] = runs
     write_result(args.out, result)
 

@@ -63,6 +63,38 @@ def linear_backend_for(impl: str) -> str:
     return impl
 
 
+class NumberedVocabulary:
+    """A tokenizer's face for a model of random weights: token i is the string ``t<i>`` (the first four: qkv's specials)."""
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def id_to_token(self, i: int) -> str:
+        return ("<pad>", "<bos>", "<eos>", "<unk>")[i] if i < 4 else f"t{i}"
+
+
+def ctranslate2_folder(model, quantization: str | None = None) -> str:
+    """``model`` (a qkv Transformer or GPT) written as a CTranslate2 folder the way ``qkv export ctranslate2`` does."""
+    import tempfile
+
+    from qkv.models.ctranslate2 import to_ctranslate2
+
+    spec = to_ctranslate2(model, NumberedVocabulary(model.cfg.vocab_size))
+    spec.optimize(quantization=quantization)
+    out = tempfile.mkdtemp(prefix="qkv-bench-ct2-")
+    spec.save(out)
+    return out
+
+
+def peer_threads() -> int:
+    """The threads every implementation gets: torch's (``OMP_NUM_THREADS``, else one per core)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def time_steps(step: Callable[[], object], steps: int, warmup: int) -> list[float]:
     """Wall time of each of ``steps`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):

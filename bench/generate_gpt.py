@@ -6,8 +6,10 @@ batch 1 and batch 8; qkv with and without its cache, and with its linear maps on
 kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel), and at batch 1 with its
 step compiled by torch.compile (``qkv-compile``; the compile is the untimed first call, whose time is
 recorded as ``first_call_s``; larger batches run eagerly under compile=True), against HF compiled the
-same way as HF documents it (``hf-compile``: a static cache and a compiled forward). fp32, eval mode,
-torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one product
+same way as HF documents it (``hf-compile``: a static cache and a compiled forward); ``qkv-int8``
+(``--quantize int8``: PyTorch's dynamic quantization) and CTranslate2 4.8.5 on the same weights
+(``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8 compute type),
+given the same threads as torch. fp32 unless named, eval mode, torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one product
 per weight and step with oneDNN's packed weights: what qkv's eager step costs before attention,
 norms, activations and Python (the compiled step's products run below it).
 
@@ -23,7 +25,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import linear_backend_for, median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import (  # noqa: E402
+    ctranslate2_folder, linear_backend_for, median_of, peer_threads, run_alternating, time_steps, write_result,
+)
 
 VOCAB, CONTEXT, PROMPT, NEW = 65, 256, 16, 200
 
@@ -34,11 +38,14 @@ def worker(impl: str, batch: int, reps: int) -> dict:
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     model_kind = linear_backend_for(impl)  # qkv-aten builds qkv, on F.linear
-    if model_kind in ("qkv", "qkv-nocache", "qkv-compile"):
+    if model_kind in ("qkv", "qkv-nocache", "qkv-compile", "qkv-int8"):
         from qkv import GPT, preset
         from qkv.generation import generate
+        from qkv.generation.quantize import quantized
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+        if impl == "qkv-int8":
+            model = quantized(model)
         use_cache, compile_ = impl != "qkv-nocache", impl == "qkv-compile"
 
         def run():
@@ -60,6 +67,20 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             out = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
                                  use_cache=True, eos_token_id=None, pad_token_id=0, **static)
             assert out.shape[1] == PROMPT + NEW
+    elif impl in ("ct2", "ct2-int8"):
+        import ctranslate2
+
+        from qkv import GPT, preset
+
+        folder = ctranslate2_folder(GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval())
+        ct2 = ctranslate2.Generator(folder, device="cpu", compute_type="int8" if impl == "ct2-int8" else "float32",
+                                    inter_threads=1, intra_threads=peer_threads())
+        start = [[f"t{i}" for i in row] for row in prompt.tolist()]
+
+        def run():
+            out = ct2.generate_batch(start, max_length=NEW, min_length=NEW, sampling_topk=1,
+                                     include_prompt_in_result=False)
+            assert all(len(r.sequences[0]) == NEW for r in out)
     elif impl == "floor":
         from qkv import GPT, preset
         from qkv.generation.kernels import pack_weights, step_linears
@@ -87,7 +108,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of fresh processes")
     ap.add_argument("--reps", type=int, default=3, help="timed generations per process")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--impls", default="qkv,hf,qkv-compile,hf-compile,qkv-aten,qkv-nocache,floor")
+    ap.add_argument("--impls", default="qkv,hf,ct2,qkv-compile,qkv-int8,ct2-int8,hf-compile,qkv-aten,qkv-onednn,"
+                                        "qkv-nocache,floor")
     ap.add_argument("--out", default="bench/results/generate_gpt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
@@ -113,6 +135,10 @@ def main() -> None:
                 if peer in summary:
                     summary[f"ratio_qkv_compile_over_{peer.replace('-', '_')}"] = (
                         summary["qkv-compile"]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
+        for ours, peer in (("qkv", "ct2"), ("qkv-compile", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "hf")):
+            if ours in summary and peer in summary:
+                summary[f"ratio_{ours.replace('-', '_')}_over_{peer.replace('-', '_')}"] = (
+                    summary[ours]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
         if "qkv-aten" in summary and "hf" in summary:
             summary["ratio_qkv_aten_over_hf"] = summary["qkv-aten"]["tokens_per_s_median"] / summary["hf"]["tokens_per_s_median"]
         if "floor" in summary and "hf" in summary:  # the most eager qkv could gain on HF here

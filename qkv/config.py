@@ -33,6 +33,11 @@ BEAM = 4
 ALPHA = 0.6
 EXTRA = 50
 MAX_TOKENS = 4000
+# From how many new tokens of one prompt `qkv generate` compiles its decoding step by default (on a CPU
+# with a C++ compiler). Compiling costs ~12 s in a new process even with inductor's disk cache warm (33 s
+# cold) and saves ~5 ms a token at the nanoGPT config on a 2-core EPYC (docs/BENCHMARKS.md): it repays
+# itself after ~2,000 tokens.
+COMPILE_AFTER = 2048
 
 
 class ConfigError(QkvError, ValueError):

@@ -20,11 +20,11 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
-from qkv.config import ConfigError
+from qkv.config import COMPILE_AFTER, ConfigError
 from qkv.generation.api import InputError, InputTooLongError
-from qkv.generation.compiled import CompiledStep, check_can_compile
+from qkv.generation.compiled import CompiledStep, check_can_compile, cpu_compiler_available
 from qkv.generation.decode import generate
-from qkv.generation.kernels import end_decoding, start_decoding
+from qkv.generation.kernels import end_decoding, start_decoding, step_linears
 from qkv.generation.sampling import check_sampling_args, next_token
 from qkv.generation.quantize import check_quantize, quantized
 from qkv.io import DEVICE_DEFAULT, model_device, resolve_device
@@ -38,10 +38,11 @@ class Completer:
         model: A :class:`qkv.models.gpt.GPT` (put in eval mode here).
         tokenizer: Its tokenizer (``encode``, ``decode``, ``eos_id``, ``bos_id``).
         start_text: What an empty prompt starts from; ``""`` means the ``<bos>`` token.
-        compile: Run batch-1 decoding steps as one compiled graph (``qkv.generation.compiled``).
+        compile: Run batch-1 decoding steps as one compiled graph (``qkv.generation.compiled``): True
+            always, False never, None (the default) where it repays its cost (:meth:`compiles`).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, start_text: str = "\n", compile: bool = False) -> None:
+    def __init__(self, model: Any, tokenizer: Any, start_text: str = "\n", compile: bool | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.start_text = start_text
@@ -50,9 +51,25 @@ class Completer:
         if compile:
             check_can_compile(self.device)
 
+    def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs compiled steps.
+
+        Only one prompt's steps are compiled (larger batches decode eagerly, where the weight products
+        dominate). By default (``compile=None``) they are where the generation is long enough to repay
+        compiling (``config.COMPILE_AFTER`` tokens), on a CPU with a C++ compiler, for a model whose
+        steps run fp32 linear maps (not an int8 one).
+        """
+        if rows != 1 or self.compile is False:
+            return False
+        if self.compile:
+            return True
+        return (max_new_tokens >= COMPILE_AFTER and self.device.type == "cpu" and bool(step_linears(self.model))
+                and cpu_compiler_available())
+
     @classmethod
     def from_run(cls, run: Run | str | Path, device: str | torch.device | None = DEVICE_DEFAULT,
-                 weights: str | Path | None = None, compile: bool = False, quantize: str | None = None) -> Completer:
+                 weights: str | Path | None = None, compile: bool | None = None,
+                 quantize: str | None = None) -> Completer:
         """Load the model, tokenizer and start text of a run directory (``qkv train lm``, ``qkv finetune``,
         ``qkv convert gpt2``); ``weights`` as in :mod:`qkv.runs` (``model``, ``best``, ``last``, ``average``, a path);
         ``quantize="int8"``: the linear maps quantized as they are loaded (CPU only; qkv.generation.quantize)."""
@@ -137,12 +154,13 @@ class Completer:
         if max_new_tokens == 0:
             return ""
         step: CompiledStep | None = None
+        compiled = self.compiles(max_new_tokens)
         try:
-            start_decoding(model, 1, ctx, packed=not self.compile)  # compiled steps use no packing
+            start_decoding(model, 1, ctx, packed=not compiled)  # compiled steps use no packing
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
             prompt = torch.ones(1, cached, dtype=torch.bool, device=self.device)  # (1, T): no padding
-            step = CompiledStep(model, prompt) if self.compile else None
+            step = CompiledStep(model, prompt) if compiled else None
             for i in range(max_new_tokens):
                 tok = int(next_token(logits, temperature, top_k, top_p, gen)[0])
                 if eos is not None and tok == eos:
@@ -209,7 +227,8 @@ class Completer:
             self._check(len(p), max_new_tokens, False)
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed), compile=self.compile)
+                        eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed),
+                        compile=self.compiles(max_new_tokens, len(encoded)))
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:

@@ -99,3 +99,42 @@ def test_a_compiled_generation_leaves_the_model_as_it_was():
     assert attention and all(x.kernel is scaled_dot_product_attention for x in attention)
     with torch.no_grad():  # and it trains again: the explicit formula and compiled products are gone
         m.train()(torch.tensor([[3, 1, 4]])).sum()
+
+
+def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeypatch):
+    from qkv.config import COMPILE_AFTER
+    from qkv.generation import completer as C
+    from qkv.generation.quantize import quantized
+
+    model, tok = GPT(preset("tiny-gpt")).eval(), CharTokenizer(list("abcdefgh \n"))
+    auto = Completer(model, tok)
+    assert not auto.compiles(COMPILE_AFTER - 1) and auto.compiles(COMPILE_AFTER)
+    assert not auto.compiles(COMPILE_AFTER, rows=2)  # batches decode eagerly
+    assert not Completer(quantized(model), tok).compiles(COMPILE_AFTER)  # int8 steps are not compiled
+    assert not Completer(model, tok, compile=False).compiles(10 * COMPILE_AFTER)
+    assert Completer(model, tok, compile=True).compiles(1)
+    monkeypatch.setattr(C, "cpu_compiler_available", lambda: False)
+    assert not auto.compiles(COMPILE_AFTER)  # no compiler: eager, silently
+
+
+def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tmp_path, monkeypatch, capsys):
+    from qkv.cli import main
+    from qkv.generation import completer as C
+
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh \n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "lm", "--recipe", "baby", f"data.path={text}", "model.d_model=16", "model.n_heads=2",
+                 "model.n_layers=1", "model.d_ff=32", "model.max_len=32", "train.context=16", "train.steps=2",
+                 "train.eval_every=2", "train.eval_iters=1", "train.threads=1", "--run", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(C, "COMPILE_AFTER", 8)
+    argv = ["generate", "--run", str(run), "-n", "8", "--temperature", "0", "--device", "cpu", "ab"]
+    assert main(argv) == 0
+    compiled = capsys.readouterr()
+    assert "compiling the decoding step" in compiled.err and compiled_frames() >= 1
+    torch._dynamo.utils.counters.clear()
+    assert main([*argv[:-1], "--no-compile", "ab"]) == 0
+    eager = capsys.readouterr()
+    assert "compiling" not in eager.err and compiled_frames() == 0
+    assert eager.out == compiled.out  # the same continuation
