@@ -40,35 +40,55 @@ def train_mt(r: dict) -> str:
     return "\n".join([_header(r), "", *rows, "", note])
 
 
+def _ratios(r: dict) -> list[str]:
+    """Every ``ratio_A_over_B`` of a result, as "A / B: 1.23x" lines."""
+    return [f"- {k[len('ratio_'):].replace('_over_', ' / ').replace('_', '-')}: **{v:.2f}x**"
+            for k, v in r.items() if k.startswith("ratio_")]
+
+
 def beam_mt(r: dict) -> str:
     rows = ["| | sentences/s (median) |", "|---|---:|"]
     for impl, v in r["summary"].items():
         rows.append(f"| {impl} | {v['sentences_per_s_median']:.1f} |")
-    if "ratio_qkv_over_marian" in r:
-        rows.append(f"| **qkv / Marian** | **{r['ratio_qkv_over_marian']:.2f}x** |")
-    if "ratio_qkv_aten_over_marian" in r:
-        rows.append(f"| qkv-aten / Marian | {r['ratio_qkv_aten_over_marian']:.2f}x |")
-    return "\n".join([_header(r), "", *rows])
+    size = next(iter(r["size"].items()), None) if "size" in r else None
+    dims = [f"Size {size[0]}: {size[1]}.", ""] if size else []
+    return "\n".join([_header(r), "", *dims, *rows, "", *_ratios(r)])
 
 
 def generate_gpt(r: dict) -> str:
-    rows = ["| batch | qkv | qkv compiled | HF generate | HF compiled | qkv-aten | qkv without cache | weights floor "
-            "| qkv / HF | compiled / HF | compiled / HF compiled | qkv-aten / HF | floor / HF | cache / no cache |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for batch, s in r["by_batch"].items():
-        def tps(k):
-            return f"{s[k]['tokens_per_s_median']:,.0f} tok/s ({s[k]['ms_per_step_median']:.1f} ms/step)" if k in s else "-"
-
-        def ratio(k, digits=2):
-            return f"{s[k]:.{digits}f}x" if k in s else "-"
-        rows.append(f"| {batch} | {tps('qkv')} | {tps('qkv-compile')} | {tps('hf')} | {tps('hf-compile')} | {tps('qkv-aten')} "
-                    f"| {tps('qkv-nocache')} | {tps('floor')} | **{ratio('ratio_qkv_over_hf')}** "
-                    f"| **{ratio('ratio_qkv_compile_over_hf')}** | {ratio('ratio_qkv_compile_over_hf_compile')} "
-                    f"| {ratio('ratio_qkv_aten_over_hf')} | {ratio('ratio_floor_over_hf')} | {ratio('ratio_cache_over_nocache', 1)} |")
+    batches = list(r["by_batch"])
+    impls = list(dict.fromkeys(k for s in r["by_batch"].values() for k, v in s.items() if isinstance(v, dict)))
+    rows = ["| | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches)]
+    for impl in impls:
+        cells = []
+        for b in batches:
+            v = r["by_batch"][b].get(impl)
+            cells.append(f"{v['tokens_per_s_median']:,.0f} tok/s ({v['ms_per_step_median']:.1f} ms/step)" if v else "-")
+        rows.append(f"| {impl} | " + " | ".join(cells) + " |")
+    ratios = [f"- batch {b}: " + ", ".join(f"{k[len('ratio_'):].replace('_over_', ' / ').replace('_', '-')} "
+                                           f"**{v:.2f}x**" for k, v in s.items() if k.startswith("ratio_"))
+              for b, s in r["by_batch"].items()]
     firsts = [f"{impl} {s[impl]['first_call_s_median']:.1f} s (batch {b})" for b, s in r["by_batch"].items()
               for impl in ("qkv-compile", "hf-compile") if "first_call_s_median" in s.get(impl, {})]
     notes = ["", f"First generation of a process, compiling included (inductor's disk cache warm), median: {', '.join(firsts)}."]
-    return "\n".join([_header(r), "", *rows, *(notes if firsts else [])])
+    return "\n".join([_header(r), "", *rows, "", *ratios, *(notes if firsts else [])])
+
+
+def int8_quality(r: dict) -> str:
+    rows = ["| | BLEU | seconds | sentences/s |", "|---|---:|---:|---:|"]
+    for name, v in r["rows"].items():
+        rows.append(f"| {name} | {v['bleu']:.2f} | {v['seconds']:.1f} | {v['sentences_per_s']:.1f} |")
+    cost = (f"BLEU of int8 against fp32: {r['bleu_change_qkv_int8']:+.2f} in qkv ({r['speedup_qkv_int8']:.2f}x faster), "
+            f"{r['bleu_change_ct2_int8']:+.2f} in CTranslate2 ({r['speedup_ct2_int8']:.2f}x faster).")
+    return "\n".join([_header(r), "", f"{r['benchmark']}, run {r['run']}.", "", *rows, "", cost])
+
+
+def step_profile(r: dict) -> str:
+    rows = ["| step | ms/step | ops/step | weight products | other ops | outside any op |", "|---|---:|---:|---:|---:|---:|"]
+    for name, v in r["rows"].items():
+        rows.append(f"| {name} | {v['ms_per_step']:.2f} | {v['ops_per_step']:.0f} | {v['products_ms']:.2f} ms | "
+                    f"{v['other_ops_ms']:.2f} ms | {v['outside_ops_ms']:.2f} ms |")
+    return "\n".join([_header(r), "", *rows])
 
 
 def gemv(r: dict) -> str:
@@ -91,7 +111,8 @@ def quality_mt(r: dict) -> str:
 
 
 RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
-          "generate_gpt": generate_gpt, "gemv": gemv}
+          "beam_mt_base": beam_mt, "generate_gpt": generate_gpt, "gemv": gemv, "int8_quality": int8_quality,
+          "step_profile": step_profile}
 
 
 def main() -> None:

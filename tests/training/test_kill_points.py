@@ -27,8 +27,8 @@ KILLED = 137  # the child's exit status when it died where it was told to
 class Writes:
     """Hooks on qkv.io's atomic writes: record each file renamed into place, or die at one of them."""
 
-    def __init__(self, monkeypatch, die_at: tuple[str, str, int] | None = None):
-        self.renamed: list[str] = []
+    def __init__(self, monkeypatch, die_at: tuple[str, str, int] | None = None, within: Path | None = None):
+        self.renamed: list[str] = []  # the files renamed into place under ``within`` (the run directory)
         self.die_at = die_at  # (when, file name, n-th time that file is written)
         self.seen: dict[tuple[str, str], int] = {}
         real_replace, real_write_weights = qkv.io.os.replace, checkpoint.write_weights
@@ -43,7 +43,8 @@ class Writes:
                 name = Path(dst).name
                 writes._point("before rename", name)
                 real_replace(src, dst)
-                writes.renamed.append(name)
+                if within is None or Path(dst).resolve().is_relative_to(within.resolve()):
+                    writes.renamed.append(name)  # not, e.g., decoding's kernel choices in the user cache
                 writes._point("after rename", name)
 
         def write_weights(model, path, *args, **kwargs):  # the checkpoint's weights, into their temporary file
@@ -67,7 +68,7 @@ def references(tiny_jobs, tmp_path_factory):
     out = {}
     mp = pytest.MonkeyPatch()
     for job in tiny_jobs.commands:
-        writes = Writes(mp)
+        writes = Writes(mp, within=root / job)
         assert main(tiny_jobs.argv(job, root / job)) == 0
         out[job] = (root / job, writes.renamed)
         mp.undo()

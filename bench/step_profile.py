@@ -1,0 +1,137 @@
+"""Where each millisecond of a decoding step goes: weight products, other operations, and time outside any.
+
+One step of each kind of decoding, profiled with torch.profiler after a warm-up: a GPT at the nanoGPT
+shakespeare-char config (greedy at batch 1 and 8, sampling with top-k 50 at batch 1) and the
+encoder-decoder of bench/beam_mt.py (beam 4 over 16 sources), qkv and HF's on the same
+configuration. For each: the wall time of a step (the median of many, unprofiled), the operations
+issued from Python per step (top-level ATen/oneDNN/quantized calls), the time in the weight products
+among them, the time in the other operations, and the rest: Python, module calls and dispatch,
+outside any operation. The totals come from the profiler; the wall time from a plain timed loop.
+
+    python bench/step_profile.py [--steps 50] [--out bench/results/step_profile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import time_steps, write_result  # noqa: E402
+
+PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear_pointwise",
+            "quantized::linear_dynamic")
+
+
+def profile_steps(step, steps: int, per_call: int = 1) -> dict:
+    """``step()`` ``steps`` times timed, then ``steps`` times profiled; each call runs ``per_call`` decoding steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    times = time_steps(step, steps, warmup=2 if per_call > 1 else 5)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    top = [e for e in prof.events() if e.cpu_parent is None and "::" in e.name]  # issued from Python
+    n = steps * per_call
+    product_us = sum(e.cpu_time_total for e in top if e.name in PRODUCTS) / n
+    other_us = sum(e.cpu_time_total for e in top if e.name not in PRODUCTS) / n
+    wall_ms = 1000 * statistics.median(times) / per_call
+    return {"ms_per_step": wall_ms, "ops_per_step": len(top) / n, "products_ms": product_us / 1000,
+            "other_ops_ms": other_us / 1000, "outside_ops_ms": max(0.0, wall_ms - (product_us + other_us) / 1000)}
+
+
+def gpt_steps(impl: str, batch: int, sample: bool):
+    """A function that runs one cached decoding step of a GPT (the cache rewound so it never fills)."""
+    import torch
+
+    from qkv.generation.sampling import next_token
+
+    vocab, prompt = 65, 16
+    ids = torch.randint(1, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    pick = (lambda logits: next_token(logits, 0.8, 50, None, gen)) if sample else (lambda logits: logits.argmax(-1))
+    if impl.startswith("qkv"):
+        from qkv import GPT, preset
+        from qkv.generation.kernels import start_decoding
+        from qkv.generation.quantize import quantized
+
+        model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+        if impl == "qkv-int8":
+            model = quantized(model)
+        start_decoding(model, batch, 256)
+        model(ids)
+        caches = [layer.self_attn.cache for layer in model.layers]
+        tok = torch.randint(1, vocab, (batch, 1))
+
+        def step():
+            for c in caches:
+                c.length = prompt
+            pick(model(tok)[:, -1])
+    else:
+        from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
+        model = GPT2LMHeadModel(cfg).eval()
+        past = model(ids, use_cache=True).past_key_values
+        tok = torch.randint(1, vocab, (batch, 1))
+        position = torch.full((batch, 1), prompt)
+
+        def step():
+            past.crop(-1)  # drop the position the last step added
+            pick(model(tok, past_key_values=past, position_ids=position, use_cache=True).logits[:, -1])
+        assert isinstance(past, DynamicCache)
+    return step
+
+
+def beam_searches(impl: str):
+    """A function that runs one beam search (beam 4, 16 sources, 30 steps) of bench/beam_mt.py's model."""
+    from beam_mt import BEAM, NEW, PAD, SIZES, SOURCES, sources
+
+    from qkv import ModelConfig, Transformer
+    from qkv.generation.beam import beam_search
+
+    dims = SIZES["small"]
+    src = sources(dims["vocab_size"])
+    if impl == "qkv":
+        model = Transformer(ModelConfig(**dims, dropout=0.1, max_len=256)).eval()
+        return lambda: beam_search(model, src, bos_id=1, eos_id=2, beam_size=BEAM, alpha=0.6, limit=NEW)
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = MarianConfig(vocab_size=dims["vocab_size"], d_model=dims["d_model"], encoder_layers=dims["n_layers"],
+                       decoder_layers=dims["n_layers"], encoder_attention_heads=dims["n_heads"],
+                       decoder_attention_heads=dims["n_heads"], encoder_ffn_dim=dims["d_ff"],
+                       decoder_ffn_dim=dims["d_ff"], activation_function="relu", max_position_embeddings=256,
+                       scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=1, eos_token_id=2,
+                       forced_eos_token_id=None, attn_implementation="sdpa")
+    model = MarianMTModel(cfg).eval()
+    mask = (src != PAD).long()
+    assert SOURCES == src.shape[0]
+    return lambda: model.generate(input_ids=src, attention_mask=mask, num_beams=BEAM, length_penalty=0.6,
+                                  min_new_tokens=NEW, max_new_tokens=NEW, early_stopping=False, use_cache=True)
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--out", default="bench/results/step_profile.json")
+    args = ap.parse_args()
+    rows = {}
+    with torch.inference_mode():
+        for label, batch, sample in (("gpt greedy, batch 1", 1, False), ("gpt greedy, batch 8", 8, False),
+                                     ("gpt top-k sampling, batch 1", 1, True)):
+            for impl in ("qkv", "hf", "qkv-int8"):
+                rows[f"{label}: {impl}"] = profile_steps(gpt_steps(impl, batch, sample), args.steps)
+                print(f"{label}: {impl}: {rows[f'{label}: {impl}']}", file=sys.stderr)
+        for impl in ("qkv", "hf"):  # a whole search, its encoder included, per decoding step
+            rows[f"beam 4, 16 sources: {impl}"] = profile_steps(beam_searches(impl), 3, per_call=31)
+            print(f"beam: {impl}: {rows[f'beam 4, 16 sources: {impl}']}", file=sys.stderr)
+    write_result(args.out, {"benchmark": "one decoding step, where its time goes", "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
