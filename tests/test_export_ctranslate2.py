@@ -122,3 +122,23 @@ def test_without_ctranslate2_the_command_names_the_extra(trained_runs, tmp_path,
     assert export(trained_runs["mt"], tmp_path / "ct2") == 2
     err = capsys.readouterr().err
     assert "qkv[ctranslate2]" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("option", ["model.norm=pre", "model.positional=learned", "model.bias=false",
+                                    "model.activation=gelu", "model.tie_embeddings=false"])
+def test_each_option_the_specs_hold_scores_as_qkv_does(tmp_path, option):
+    run = tmp_path / "run"
+    assert main(["train", "mt", "--recipe", "demo", "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+                 "model.n_layers=1", "data.demo_train=50", "train.eval_bleu_sentences=0", "train.test_beam=1",
+                 "train.threads=1", option, "train.steps=3", "train.eval_every=3", "--run", str(run), "--quiet"]) == 0
+    assert export(run, tmp_path / "ct2") == 0
+    model, tokenizer = load_model(run, device="cpu")
+    src_ids = tokenizer.encode(SOURCES[0])
+    tgt_ids = tokenizer.encode(SOURCES[1])[:6]
+    scored = _translator(tmp_path / "ct2").score_batch([[tokenizer.id_to_token(i) for i in src_ids]],
+                                                       [[tokenizer.id_to_token(i) for i in tgt_ids]])[0]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([src_ids + [tokenizer.eos_id]]),
+                                       torch.tensor([[tokenizer.bos_id, *tgt_ids]])), -1)[0]  # (T, V)
+    want = logp.gather(1, torch.tensor([*tgt_ids, tokenizer.eos_id])[:, None])[:, 0]
+    np.testing.assert_allclose(scored.log_probs, want.numpy(), atol=1e-4)

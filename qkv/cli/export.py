@@ -15,23 +15,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           description="Write a folder that transformers' from_pretrained and AutoTokenizer load "
                                       "(needs qkv[hf]). A GPT run becomes a GPT2LMHeadModel, a translation run a "
                                       "MarianMTModel; a model option the architecture cannot express is named.")
-    p.add_argument("--run", "--run-dir", required=True, help="a run directory (qkv train mt|lm, qkv finetune, qkv demo)")
-    p.add_argument("--out", required=True, help="the folder to write")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds anything")
-    add_weights(p)
+    _common(p)
     p.set_defaults(func=_export_hf)
 
     p = export.add_parser("ctranslate2", help="a run as a CTranslate2 folder: a Translator or Generator model",
                           description="Write a folder that ctranslate2.Translator (a translation run) or "
                                       "ctranslate2.Generator (a GPT run) loads (needs qkv[ctranslate2]); its vocabulary "
                                       "is the run's tokens, and the run's tokenizer.json goes with it.")
+    _common(p)
+    p.add_argument("--quantization", choices=CT2_QUANTIZATIONS, default=None,
+                   help="store the weights so (default: fp32); CTranslate2 can also quantize when it loads")
+    p.set_defaults(func=_export_ctranslate2)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    """What every export takes: the run, the folder, --overwrite and --weights."""
     p.add_argument("--run", "--run-dir", required=True, help="a run directory (qkv train mt|lm, qkv finetune, qkv demo)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it holds anything")
-    p.add_argument("--quantization", choices=CT2_QUANTIZATIONS, default=None,
-                   help="store the weights so (default: fp32); CTranslate2 can also quantize when it loads")
     add_weights(p)
-    p.set_defaults(func=_export_ctranslate2)
 
 
 def _export_hf(args: argparse.Namespace) -> int:

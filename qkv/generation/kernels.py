@@ -29,6 +29,7 @@ without measuring; the default, ``auto``, measures).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -110,15 +111,20 @@ def cache_path() -> Path:
     return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache("kernels.json")
 
 
-def machine() -> str:
-    """What a choice holds for: the CPU model, the torch version and the thread count."""
+@functools.cache
+def _cpu_model() -> str:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return f"{model} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return model
+
+
+def machine() -> str:
+    """What a choice holds for: the CPU model, the torch version and the thread count."""
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def _read_cache() -> dict:
@@ -181,8 +187,9 @@ def choose(rows: int, in_features: int, out_features: int) -> str:
 
     ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first call for a shape measures
     both (:func:`measure`, a few tenths of a second; the row count rounded up to a power of two, so
-    that a test set's batches of every size need a few measurements) and the choice is kept, in memory and in :func:`cache_path`,
-    for every later process on the same CPU model, torch and thread count.
+    that a test set's batches of every size need a few measurements) and the choice is kept, in
+    memory and in :func:`cache_path`, for every later process on the same CPU model, torch and
+    thread count.
     """
     if not available() or _backend == "aten":
         return "aten"
@@ -304,5 +311,6 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
     return y if bias is None else y + bias
 
 
-__all__ = ["set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices", "PackedLinear", "step_linears", "pack_weights", "unpack_weights",
-           "start_decoding", "end_decoding", "decoding", "compiled_linear"]
+__all__ = ["set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices",
+           "PackedLinear", "step_linears", "pack_weights", "unpack_weights", "start_decoding", "end_decoding", "decoding",
+           "compiled_linear"]

@@ -116,7 +116,8 @@ def to_ctranslate2(model: nn.Module, tokenizer: Any) -> Any:
     if isinstance(model, Transformer):
         spec = specs.TransformerSpec.from_config((cfg.n_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=pre,
                                                  no_final_norm=not cfg.use_final_norm, activation=activation)
-        for stack, embedding_spec in ((spec.encoder, spec.encoder.embeddings[0]), (spec.decoder, spec.decoder.embeddings)):
+        stacks = ((spec.encoder, spec.encoder.embeddings[0]), (spec.decoder, spec.decoder.embeddings))
+        for stack, embedding_spec in stacks:  # one embedding matrix, shared as in qkv
             embedding_spec.weight = _array(model.embedding.weight)
             stack.scale_embeddings = True  # x * sqrt(d_model), Section 3.4
             _positions(stack, model.positional, cfg)
