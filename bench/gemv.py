@@ -4,7 +4,7 @@ The 24 weight matrices of the nanoGPT shakespeare-char config (6 layers of W^Q/W
 1152x384, W^O 384x384, W_1 1536x384, W_2 384x1536: 43 MB in fp32), each multiplied by one random
 vector, as one decoding step at batch 1 does. Kernels, all in one process, alternating, medians:
 - ``mkl``: ``torch.mv``, where ``F.linear`` goes for fp32 (and HF with it);
-- ``onednn``: oneDNN's linear on weights packed for one row, what qkv's decoding uses;
+- ``onednn``: oneDNN's linear on weights packed for one row, one of the two kernels qkv's decoding measures;
 - ``vecdot``: ``torch.linalg.vecdot(W, x)``, a fused multiply-and-sum over each row;
 - ``compiled``: ``(W * x).sum(-1)`` through ``torch.compile`` (skipped with ``--no-compile``);
 - ``read``: ``W.sum()`` over the same matrices: streaming the 43 MB with one add per number, the

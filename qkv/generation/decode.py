@@ -60,7 +60,7 @@ def generate(
         on_step: called with the (B,) new tokens after every step (for streaming).
         compile: at batch 1, run the steps after the prompt as one compiled graph
             (``qkv.generation.compiled``): steps 2-3x faster on a CPU, after seconds of compiling. Larger
-            batches stay eager, where oneDNN's packed weights are faster. Needs the cache.
+            batches stay eager, where the weight products dominate. Needs the cache.
 
     Returns:
         The new tokens of each row.
@@ -86,7 +86,7 @@ def generate(
     was_training = model.training
     model.eval()
     padded = not bool(real.all())
-    compiled_steps = compile and b == 1  # larger batches stay eager: oneDNN's packed weights are faster there
+    compiled_steps = compile and b == 1  # larger batches stay eager: their weight products dominate
     key_mask = real  # (B, L) grows by one column per step
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
     done = torch.zeros(b, dtype=torch.bool, device=device)
