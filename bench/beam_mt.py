@@ -44,7 +44,8 @@ def sources(vocab: int):
     return src
 
 
-def worker(impl: str, reps: int, size: str) -> dict:
+def searches(impl: str, size: str):
+    """A function that runs one beam search of ``impl`` over the 16 sources, on a model of ``size``."""
     import torch
 
     from qkv import ModelConfig, Transformer
@@ -96,6 +97,13 @@ def worker(impl: str, reps: int, size: str) -> dict:
             assert all(len(r.hypotheses[0]) == NEW for r in out), [len(r.hypotheses[0]) for r in out]
     else:
         raise ValueError(impl)
+    return run
+
+
+def worker(impl: str, reps: int, size: str) -> dict:
+    import torch
+
+    run = searches(impl, size)
     with torch.inference_mode():
         times = time_steps(run, reps, warmup=1)
     return {"impl": impl, "sentences_per_s": SOURCES / statistics.median(times), "seconds": statistics.median(times)}

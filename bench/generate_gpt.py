@@ -32,6 +32,15 @@ from common import (  # noqa: E402
 VOCAB, CONTEXT, PROMPT, NEW = 65, 256, 16, 200
 
 
+def hf_gpt():
+    """HF's GPT-2 at the nanoGPT shakespeare-char config, random weights, eval mode, SDPA attention."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+    return GPT2LMHeadModel(cfg).eval()
+
+
 def worker(impl: str, batch: int, reps: int) -> dict:
     import torch
 
@@ -52,11 +61,7 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_)
             assert all(len(o) == NEW for o in out)
     elif impl in ("hf", "hf-compile"):
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        cfg = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
-                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
-        model = GPT2LMHeadModel(cfg).eval()
+        model = hf_gpt()
         mask = torch.ones_like(prompt)
         static = {}
         if impl == "hf-compile":  # HF's recipe for compiled decoding: a static cache and a compiled forward

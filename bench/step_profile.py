@@ -19,7 +19,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from beam_mt import searches  # noqa: E402
 from common import time_steps, write_result  # noqa: E402
+from generate_gpt import VOCAB, hf_gpt  # noqa: E402
 
 PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear_pointwise",
             "quantized::linear_dynamic")
@@ -48,7 +50,7 @@ def gpt_steps(impl: str, batch: int, sample: bool):
 
     from qkv.generation.sampling import next_token
 
-    vocab, prompt = 65, 16
+    vocab, prompt = VOCAB, 16
     ids = torch.randint(1, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0))
     gen = torch.Generator().manual_seed(0)
     pick = (lambda logits: next_token(logits, 0.8, 50, None, gen)) if sample else (lambda logits: logits.argmax(-1))
@@ -70,11 +72,7 @@ def gpt_steps(impl: str, batch: int, sample: bool):
                 c.length = prompt
             pick(model(tok)[:, -1])
     else:
-        from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
-
-        cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=384, n_layer=6, n_head=6, resid_pdrop=0.0,
-                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
-        model = GPT2LMHeadModel(cfg).eval()
+        model = hf_gpt()
         past = model(ids, use_cache=True).past_key_values
         tok = torch.randint(1, vocab, (batch, 1))
         position = torch.full((batch, 1), prompt)
@@ -82,35 +80,7 @@ def gpt_steps(impl: str, batch: int, sample: bool):
         def step():
             past.crop(-1)  # drop the position the last step added
             pick(model(tok, past_key_values=past, position_ids=position, use_cache=True).logits[:, -1])
-        assert isinstance(past, DynamicCache)
     return step
-
-
-def beam_searches(impl: str):
-    """A function that runs one beam search (beam 4, 16 sources, 30 steps) of bench/beam_mt.py's model."""
-    from beam_mt import BEAM, NEW, PAD, SIZES, SOURCES, sources
-
-    from qkv import ModelConfig, Transformer
-    from qkv.generation.beam import beam_search
-
-    dims = SIZES["small"]
-    src = sources(dims["vocab_size"])
-    if impl == "qkv":
-        model = Transformer(ModelConfig(**dims, dropout=0.1, max_len=256)).eval()
-        return lambda: beam_search(model, src, bos_id=1, eos_id=2, beam_size=BEAM, alpha=0.6, limit=NEW)
-    from transformers import MarianConfig, MarianMTModel
-
-    cfg = MarianConfig(vocab_size=dims["vocab_size"], d_model=dims["d_model"], encoder_layers=dims["n_layers"],
-                       decoder_layers=dims["n_layers"], encoder_attention_heads=dims["n_heads"],
-                       decoder_attention_heads=dims["n_heads"], encoder_ffn_dim=dims["d_ff"],
-                       decoder_ffn_dim=dims["d_ff"], activation_function="relu", max_position_embeddings=256,
-                       scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=1, eos_token_id=2,
-                       forced_eos_token_id=None, attn_implementation="sdpa")
-    model = MarianMTModel(cfg).eval()
-    mask = (src != PAD).long()
-    assert SOURCES == src.shape[0]
-    return lambda: model.generate(input_ids=src, attention_mask=mask, num_beams=BEAM, length_penalty=0.6,
-                                  min_new_tokens=NEW, max_new_tokens=NEW, early_stopping=False, use_cache=True)
 
 
 def main() -> None:
@@ -127,8 +97,8 @@ def main() -> None:
             for impl in ("qkv", "hf", "qkv-int8"):
                 rows[f"{label}: {impl}"] = profile_steps(gpt_steps(impl, batch, sample), args.steps)
                 print(f"{label}: {impl}: {rows[f'{label}: {impl}']}", file=sys.stderr)
-        for impl in ("qkv", "hf"):  # a whole search, its encoder included, per decoding step
-            rows[f"beam 4, 16 sources: {impl}"] = profile_steps(beam_searches(impl), 3, per_call=31)
+        for impl, name in (("qkv", "qkv"), ("hf", "marian")):  # a whole search, its encoder included, per step
+            rows[f"beam 4, 16 sources: {impl}"] = profile_steps(searches(name, "small"), 3, per_call=31)
             print(f"beam: {impl}: {rows[f'beam 4, 16 sources: {impl}']}", file=sys.stderr)
     write_result(args.out, {"benchmark": "one decoding step, where its time goes", "rows": rows})
 

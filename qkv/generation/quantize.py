@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from qkv.config import ConfigError
+from qkv.io import model_device
 
 KINDS = ("int8",)
 
@@ -48,7 +49,7 @@ def quantized(model: nn.Module, kind: str = "int8") -> nn.Module:
     Tied weights (the output projection and the embedding) part: the projection's int8 copy is its
     own, the embedding stays fp32.
     """
-    check_quantize(kind, next(model.parameters()).device)
+    check_quantize(kind, model_device(model))
     spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|torch\.quantize_per).*deprecated")

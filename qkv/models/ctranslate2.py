@@ -62,7 +62,7 @@ def _linear(spec: Any, m: nn.Linear) -> None:
 
 def _norm(spec: Any, m: nn.LayerNorm) -> None:
     spec.gamma = _array(m.weight)
-    spec.beta = _array(m.bias) if m.bias is not None else _array(torch.zeros_like(m.weight))
+    spec.beta = _array(m.bias)
 
 
 def _positions(spec: Any, positional: nn.Module | None, cfg: ModelConfig) -> None:
