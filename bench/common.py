@@ -52,13 +52,14 @@ def linear_backend_for(impl: str) -> str:
     """Set up an implementation name's linear kernels and return the model it builds.
 
     ``qkv`` chooses each product's kernel by measuring it (qkv.generation.kernels); ``qkv-aten`` is qkv
-    with its linear maps on PyTorch's default kernels (``F.linear``) everywhere, ``qkv-onednn`` on
-    oneDNN's packed weights everywhere: run beside ``qkv``, they show what the choice is worth.
+    with its linear maps on PyTorch's default kernels (``F.linear``) everywhere, ``qkv-transposed`` on
+    ``addmm`` with (in, out) copies of the weights, ``qkv-onednn`` on oneDNN's packed weights: run
+    beside ``qkv``, they show what the choice is worth.
     """
-    if impl in ("qkv-aten", "qkv-onednn"):
-        from qkv.generation import kernels
+    from qkv.generation import kernels
 
-        kernels.set_backend(impl.split("-")[1])
+    if impl.startswith("qkv-") and impl[len("qkv-"):] in kernels.KERNELS:
+        kernels.set_backend(impl[len("qkv-"):])
         return "qkv"
     return impl
 

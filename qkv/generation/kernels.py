@@ -5,25 +5,28 @@ same model one position at a time, and on a CPU a step is bound by its matrix-ve
 the functions that decode (greedy and beam search, ``generate``, the Completer) transform the model
 from outside for the time they decode, and put it back after (gpt-fast's rule):
 
-- :func:`decoding`: the caches, and the weights of the products every step runs laid out for oneDNN
-  where that is faster. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS); oneDNN's packed
-  weights (:class:`PackedLinear`) ran batch-1 products at twice MKL's speed on one AMD EPYC and at
-  half of it on an Intel Xeon, and at 0.6x on another EPYC at one thread (docs/BENCHMARKS.md). So no
-  kernel is assumed: :func:`choose` times both on each product's shape (rows, in, out) the first time
-  it is needed on a machine, and keeps the winner in the user cache (``kernels.json``, keyed by CPU
-  model, torch version and thread count). ``pack_weights`` then replaces the ``forward`` of each linear
-  map a step runs (:func:`step_linears`) where oneDNN won: products of exactly the rows it was packed
-  for, without autograd, go to oneDNN; every other call (a prompt's prefill, the steps after some
-  sentences of a beam search have finished, a weight changed since) goes to ``F.linear``. The results
-  are ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
+- :func:`decoding`: the caches, and the weights of the products every step runs laid out for the
+  kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS)
+  with the weight as ``nn.Linear`` keeps it, (out, in). Two other layouts can beat it: the weight
+  copied to (in, out) for ``torch.addmm`` ("transposed": 1.65x faster than ``F.linear`` for one-row
+  products of 384 inputs to 1,536 outputs on an Intel Xeon, 0.6x for 1,536 to 384), and oneDNN's packed
+  weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD EPYC and
+  at half of it on an Intel Xeon (docs/BENCHMARKS.md). So no kernel is assumed: :func:`choose` times
+  each on each product's shape (rows, in, out) the first time it is needed on a machine, and keeps the
+  winner in the user cache (``kernels.json``, keyed by CPU model, torch version and thread count).
+  ``pack_weights`` then replaces the ``forward`` of each linear map a step runs (:func:`step_linears`)
+  where another kernel than ``F.linear`` won; products it does not hold for (a prompt's prefill, other
+  row counts for oneDNN, autograd, a weight changed since) go to ``F.linear``. The results are
+  ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
 - :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
   (qkv.generation.compiled).
 
-Where oneDNN does not run: training (it builds a kernel for every new row count, and batches of real
-tokens change it at every step: translation training got slower and 40% larger in memory,
-docs/BENCHMARKS.md), anything that is not fp32 on a CPU (GPUs, bf16, autocast), a PyTorch without
-oneDNN, and ``QKV_LINEAR=aten`` in the environment (``QKV_LINEAR=onednn`` packs every step's weights
-without measuring; the default, ``auto``, measures).
+Where no weight is laid out anew: training (oneDNN builds a kernel for every new row count, and
+batches of real tokens change it at every step: translation training got slower and 40% larger in
+memory, docs/BENCHMARKS.md; and a copy of a weight is stale after every optimizer step), anything that
+is not fp32 on a CPU (GPUs, bf16, autocast), and ``QKV_LINEAR=aten`` in the environment.
+``QKV_LINEAR=transposed`` or ``onednn`` lays every step's weights out for that kernel without
+measuring (``onednn`` only where this PyTorch has it); the default, ``auto``, measures.
 """
 
 from __future__ import annotations
@@ -48,15 +51,16 @@ from qkv.models import GPT, Transformer
 # oneDNN's fused linear, the op torch.compile's CPU backend emits for frozen linear layers. It is a
 # private op of the pinned torch; ``available()`` checks it once and everything falls back without it.
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-_BACKENDS = ("auto", "onednn", "aten")
+KERNELS = ("aten", "transposed", "onednn")  # F.linear, addmm on an (in, out) copy, oneDNN packed
+_BACKENDS = ("auto", *KERNELS)
 _backend = os.environ.get("QKV_LINEAR", "auto")
 if _backend not in _BACKENDS:
     raise ValueError(f"QKV_LINEAR={_backend!r}: expected one of {', '.join(_BACKENDS)}")
 
 
 def set_backend(name: str) -> None:
-    """``"auto"`` (the default: the faster kernel for each shape, measured), ``"onednn"`` (packed weights
-    wherever oneDNN runs) or ``"aten"`` (``F.linear`` everywhere), e.g. to compare them."""
+    """``"auto"`` (the default: the fastest kernel for each shape, measured), or one of :data:`KERNELS`
+    everywhere (``"onednn"`` wherever oneDNN runs), e.g. to compare them."""
     global _backend
     if name not in _BACKENDS:
         raise ValueError(f"unknown linear backend {name!r}; expected one of {', '.join(_BACKENDS)}")
@@ -64,8 +68,8 @@ def set_backend(name: str) -> None:
 
 
 def backend() -> str:
-    """How fp32 CPU products of decoding choose their kernel now: ``"auto"``, ``"onednn"`` or ``"aten"``."""
-    return _backend if available() else "aten"
+    """How fp32 CPU products of decoding choose their kernel now: ``"auto"`` or one of :data:`KERNELS`."""
+    return "aten" if _backend == "onednn" and not available() else _backend
 
 
 _available: bool | None = None
@@ -85,25 +89,30 @@ def available() -> bool:
     return _available
 
 
-def _onednn_takes(weight: Tensor) -> bool:
-    """Whether products with this weight go to oneDNN: fp32 on a CPU, no autocast, the backend chosen."""
+def _lays_out(weight: Tensor) -> bool:
+    """Whether products with this weight may run on a weight laid out anew: fp32 on a CPU, no autocast,
+    a backend other than ``aten``."""
     return (
         _backend != "aten"
         and weight.dtype == torch.float32 and weight.device.type == "cpu"
         and not torch.is_autocast_enabled("cpu")
-        and available()
     )
+
+
+def _kernels() -> tuple[str, ...]:
+    """The kernels this PyTorch can run: :data:`KERNELS`, less oneDNN where it is missing."""
+    return KERNELS if available() else KERNELS[:2]
 
 
 # ----------------------------------------------------------------------------------------------
 # The kernel of each product, measured on the machine at hand.
 
 CACHE_ENV = "QKV_KERNEL_CACHE"  # the file of measured choices, instead of the user cache's
-ROUNDS = 3  # alternating timings of the two kernels per shape; the median decides
+ROUNDS = 3  # alternating timings of the kernels per shape; the median decides
 ROUND_SECONDS = 2e-3  # each timing repeats the products for about this long
 STREAM_BYTES = 24 << 20  # the weights one timing reads, more than most CPUs' caches hold
 
-_choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> "onednn" | "aten", read or measured
+_choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> one of KERNELS, read or measured
 
 
 def cache_path() -> Path:
@@ -123,8 +132,9 @@ def _cpu_model() -> str:
 
 
 def machine() -> str:
-    """What a choice holds for: the CPU model, the torch version and the thread count."""
-    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """What a choice holds for: the CPU model, the torch version, the thread count and the kernels it was
+    chosen among (a choice made before a kernel was added is measured again)."""
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {' '.join(_kernels())}"
 
 
 def _read_cache() -> dict:
@@ -138,7 +148,7 @@ def _read_cache() -> dict:
 def _machine_choices(key: str) -> dict[str, str]:
     if key not in _choices:
         found = _read_cache().get(key, {})
-        _choices[key] = {k: v for k, v in found.items() if v in ("onednn", "aten")} if isinstance(found, dict) else {}
+        _choices[key] = {k: v for k, v in found.items() if v in _kernels()} if isinstance(found, dict) else {}
     return _choices[key]
 
 
@@ -150,11 +160,13 @@ def _seconds_per_call(run: Callable[[], object], reps: int) -> float:
 
 
 def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
-    """Seconds per ``rows``-row product with an (out, in) fp32 weight: ``F.linear`` ("aten") and oneDNN's packed weight.
+    """Seconds per ``rows``-row product with an (out, in) fp32 weight, for each kernel this PyTorch runs
+    (:func:`_kernels`): ``F.linear`` ("aten"), ``torch.mm`` on an (in, out) copy ("transposed") and
+    oneDNN's packed weight.
 
     A decoding step streams every weight from memory once, so where one product is quick the timing
     cycles through copies of random weights that together outgrow the CPU's caches
-    (:data:`STREAM_BYTES`) instead of multiplying one weight that stays in them. Both kernels
+    (:data:`STREAM_BYTES`) instead of multiplying one weight that stays in them. The kernels
     alternate for :data:`ROUNDS` rounds of about :data:`ROUND_SECONDS` each (or one product, if that
     is longer); medians.
     """
@@ -164,16 +176,20 @@ def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
     def weights(n: int) -> list[Tensor]:
         return [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(n)]
 
+    def layouts(w: list[Tensor]) -> dict[str, Callable[[], object]]:
+        laid = {"aten": w, "transposed": [m.t().contiguous() for m in w]}  # (out, in), (in, out)
+        runs: dict[str, Callable[[], object]] = {"aten": lambda: [F.linear(x, m) for m in laid["aten"]],
+                                                 "transposed": lambda: [torch.mm(x, m) for m in laid["transposed"]]}
+        if "onednn" in _kernels():
+            laid["onednn"] = [torch.ops.mkldnn._reorder_linear_weight(m, rows) for m in w]
+            runs["onednn"] = lambda: [_onednn_linear(x, m, None, "none", [], "") for m in laid["onednn"]]
+        return runs
+
     with torch.inference_mode():
         w = weights(1)
-        p = torch.ops.mkldnn._reorder_linear_weight(w[0], rows)
-        once = max(_seconds_per_call(lambda: F.linear(x, w[0]), 2),  # warm: oneDNN builds its kernel here
-                   _seconds_per_call(lambda: _onednn_linear(x, p, None, "none", [], ""), 2))
+        once = max(_seconds_per_call(run, 2) for run in layouts(w).values())  # warm: oneDNN builds its kernel here
         copies = max(1, min(STREAM_BYTES // (4 * in_features * out_features), int(ROUND_SECONDS / max(once, 1e-7))))
-        w = w + weights(copies - 1)
-        packed = [torch.ops.mkldnn._reorder_linear_weight(m, rows) for m in w]
-        kernels = {"aten": lambda: [F.linear(x, m) for m in w],
-                   "onednn": lambda: [_onednn_linear(x, m, None, "none", [], "") for m in packed]}
+        kernels = layouts(w + weights(copies - 1))
         reps = max(1, int(ROUND_SECONDS / max(once * copies, 1e-7)))
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for _ in range(ROUNDS):
@@ -183,18 +199,16 @@ def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
 
 
 def choose(rows: int, in_features: int, out_features: int) -> str:
-    """The kernel of fp32 ``rows``-row products with an (out, in) weight on this machine: ``"onednn"`` or ``"aten"``.
+    """The kernel of fp32 ``rows``-row products with an (out, in) weight on this machine, one of :data:`KERNELS`.
 
     ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first call for a shape measures
-    both (:func:`measure`, a few tenths of a second; the row count rounded up to a power of two, so
+    them (:func:`measure`, a few tenths of a second; the row count rounded up to a power of two, so
     that a test set's batches of every size need a few measurements) and the choice is kept, in
     memory and in :func:`cache_path`, for every later process on the same CPU model, torch and
     thread count.
     """
-    if not available() or _backend == "aten":
-        return "aten"
-    if _backend == "onednn":
-        return "onednn"
+    if _backend != "auto":
+        return backend()
     here, bucket = machine(), 1 << max(0, rows - 1).bit_length()  # rows rounded up to a power of two
     choices, shape = _machine_choices(here), f"{bucket},{in_features},{out_features}"
     if shape not in choices:
@@ -217,29 +231,43 @@ def forget_choices() -> None:
 
 
 class PackedLinear:
-    """The ``forward`` of an ``nn.Linear`` while it is packed: oneDNN on its weight laid out for ``rows``-row products.
+    """The ``forward`` of an ``nn.Linear`` while its weight is laid out for another kernel than ``F.linear``.
 
-    oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch shrinks
-    as sentences finish, every new count cost time and memory: translating a test set grew the process
-    by 300 MB. One row count per generation keeps that to one kernel per weight; other counts take
-    ``F.linear``. The packed weight is a second copy, used only while the weight is unchanged (its
-    version counter is checked on every call; an inference tensor, made under
-    ``torch.inference_mode``, keeps none).
+    ``kernel="transposed"``: a contiguous (in, out) copy of the weight, multiplied by ``torch.addmm``
+    for any number of rows (MKL streams that layout faster for some shapes; :func:`measure`).
+    ``kernel="onednn"``: oneDNN's weight packed for ``rows``-row products. oneDNN builds a kernel for
+    each row count it sees and keeps it. When a beam search's batch shrinks as sentences finish, every
+    new count cost time and memory: translating a test set grew the process by 300 MB. One row count
+    per generation keeps that to one kernel per weight; other counts take ``F.linear``.
+
+    Either copy is a second one, used only while the weight is unchanged (its version counter is
+    checked on every call; an inference tensor, made under ``torch.inference_mode``, keeps none), and
+    never where autograd needs ``F.linear``'s graph.
     """
 
-    def __init__(self, module: nn.Linear, rows: int) -> None:
-        self.module, self.rows = module, rows
+    def __init__(self, module: nn.Linear, rows: int, kernel: str = "onednn") -> None:
+        if kernel not in KERNELS[1:]:
+            raise ValueError(f"PackedLinear lays a weight out for {' or '.join(KERNELS[1:])}, not {kernel!r}")
+        self.module, self.rows, self.kernel = module, rows, kernel
         w = module.weight.detach()
         self.version = None if w.is_inference() else w._version
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
+        if kernel == "onednn":
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
+        else:
+            self.packed = w.t().contiguous()  # (in, out)
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.module
         weight, bias = m.weight, m.bias
-        if (self.version is None or self.version == weight._version) and x.numel() == self.rows * x.shape[-1] \
-                and x.dtype == weight.dtype and x.device == weight.device and _onednn_takes(weight) \
+        if (self.version is None or self.version == weight._version) \
+                and x.dtype == weight.dtype and x.device == weight.device and _lays_out(weight) \
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-            return _onednn_linear(x, self.packed, bias, "none", [], "")
+            if self.kernel == "transposed":
+                rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (R, in)
+                y = torch.mm(rows, self.packed) if bias is None else torch.addmm(bias, rows, self.packed)  # (R, out)
+                return y.view(*x.shape[:-1], y.shape[-1])
+            if x.numel() == self.rows * x.shape[-1]:
+                return _onednn_linear(x, self.packed, bias, "none", [], "")
         return F.linear(x, weight, bias)
 
 
@@ -260,11 +288,11 @@ def step_linears(model: nn.Module) -> list[nn.Linear]:
 
 
 def pack_weights(model: nn.Module, rows: int) -> None:
-    """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where oneDNN runs them
-    faster than ``F.linear`` (:func:`choose`)."""
+    """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where another kernel
+    runs them faster than ``F.linear`` (:func:`choose`)."""
     for m in step_linears(model):
-        if _onednn_takes(m.weight) and choose(rows, m.in_features, m.out_features) == "onednn":
-            m.forward = PackedLinear(m, rows)
+        if _lays_out(m.weight) and (kernel := choose(rows, m.in_features, m.out_features)) != "aten":
+            m.forward = PackedLinear(m, rows, kernel)
 
 
 def unpack_weights(model: nn.Module) -> None:
@@ -311,6 +339,6 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
     return y if bias is None else y + bias
 
 
-__all__ = ["set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices",
+__all__ = ["KERNELS", "set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices",
            "PackedLinear", "step_linears", "pack_weights", "unpack_weights", "start_decoding", "end_decoding", "decoding",
            "compiled_linear"]

@@ -36,8 +36,8 @@ def fresh_choices(tmp_path, monkeypatch):
     K.forget_choices()
 
 
-def _packed(layer: nn.Linear, rows: int) -> nn.Linear:
-    layer.forward = PackedLinear(layer, rows)
+def _packed(layer: nn.Linear, rows: int, kernel: str = "onednn") -> nn.Linear:
+    layer.forward = PackedLinear(layer, rows, kernel)
     return layer
 
 
@@ -47,19 +47,19 @@ def test_the_kernel_is_measured_by_default():
 
 
 @needs_onednn
-@pytest.mark.parametrize("faster", ["onednn", "aten"])
-def test_each_product_gets_the_kernel_measured_faster_on_this_machine(fresh_choices, monkeypatch, faster):
+@pytest.mark.parametrize("faster", K.KERNELS)
+def test_each_product_gets_the_kernel_measured_fastest_on_this_machine(fresh_choices, monkeypatch, faster):
     measured = []
 
     def fake(rows, n_in, n_out):
         measured.append((rows, n_in, n_out))
-        return {"onednn": 1.0, "aten": 2.0} if faster == "onednn" else {"onednn": 2.0, "aten": 1.0}
+        return {kernel: 1.0 if kernel == faster else 2.0 for kernel in K.KERNELS}
 
     monkeypatch.setattr(K, "measure", fake)
     model = GPT(preset("tiny-gpt")).eval()
     pack_weights(model, 3)
-    packed = [isinstance(m.__dict__.get("forward"), PackedLinear) for m in step_linears(model)]
-    assert all(packed) if faster == "onednn" else not any(packed)
+    laid_out = [getattr(m.__dict__.get("forward"), "kernel", "aten") for m in step_linears(model)]
+    assert set(laid_out) == {faster}
     shapes = {(4, m.in_features, m.out_features) for m in step_linears(model)}  # 3 rows: measured as 4
     assert sorted(measured) == sorted(shapes)  # each shape once, however many layers have it
     # Kept for the next process on this machine: no measuring again.
@@ -80,23 +80,28 @@ def test_a_damaged_choices_file_is_measured_again(fresh_choices, monkeypatch):
     assert json.loads(fresh_choices.read_text())[K.machine()] == {"1,8,16": "onednn"}
 
 
-@needs_onednn
-def test_measure_times_both_kernels():
+def test_measure_times_every_kernel_this_torch_runs():
     seconds = K.measure(2, 64, 96)
-    assert set(seconds) == {"onednn", "aten"} and all(0 < s < 1 for s in seconds.values())
+    assert set(seconds) == set(K.KERNELS if K.available() else K.KERNELS[:2])
+    assert all(0 < s < 1 for s in seconds.values())
+
+
+def test_a_choices_file_naming_an_unknown_kernel_is_measured_again(fresh_choices, monkeypatch):
+    fresh_choices.write_text(json.dumps({K.machine(): {"1,8,16": "mkl-jit"}}))
+    monkeypatch.setattr(K, "measure", lambda *shape: {"aten": 2.0, "transposed": 1.0})
+    assert K.choose(1, 8, 16) == "transposed"
 
 
 @needs_onednn
 def test_forced_backends_do_not_measure(fresh_choices, monkeypatch, backend_afterwards):
     monkeypatch.setattr(K, "measure", lambda *shape: pytest.fail("measured"))
-    K.set_backend("onednn")
-    assert K.choose(1, 8, 16) == "onednn"
-    K.set_backend("aten")
-    assert K.choose(1, 8, 16) == "aten"
+    for kernel in K.KERNELS:
+        K.set_backend(kernel)
+        assert K.choose(1, 8, 16) == kernel
     assert not fresh_choices.exists()
 
 
-@pytest.mark.parametrize("backend", ["auto", "onednn", "aten"])
+@pytest.mark.parametrize("backend", ["auto", *K.KERNELS])
 def test_every_kernel_choice_decodes_the_same(backend, backend_afterwards):
     from qkv.generation import generate
 
@@ -107,12 +112,12 @@ def test_every_kernel_choice_decodes_the_same(backend, backend_afterwards):
     assert generate(model, prompt, 8, temperature=0) == generate(model, prompt, 8, temperature=0, use_cache=False)
 
 
-@needs_onednn
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24), (1, 1, 24), (0, 24)])
-def test_packed_matches_f_linear(bias, shape):
+def test_packed_matches_f_linear(kernel, bias, shape):
     g = torch.Generator().manual_seed(0)
-    layer = _packed(nn.Linear(24, 40, bias=bias), math.prod(shape[:-1]))  # the rows of the product
+    layer = _packed(nn.Linear(24, 40, bias=bias), math.prod(shape[:-1]), kernel)  # the rows of the product
     x = torch.randn(*shape, generator=g)
     with torch.no_grad():
         y = layer(x)
@@ -139,34 +144,47 @@ def test_onednn_runs_only_for_the_packed_rows_and_without_autograd(monkeypatch):
     assert calls == [1] and y.requires_grad
 
 
-@needs_onednn
-def test_packed_weights_give_the_same_products_for_any_row_count():
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+def test_packed_weights_give_the_same_products_for_any_row_count(kernel):
     torch.manual_seed(0)
     layer = nn.Linear(32, 48)
     with torch.no_grad():
         dense = {m: layer(torch.ones(m, 32) * m) for m in (1, 3, 8, 20)}
-        _packed(layer, 8)
+        _packed(layer, 8, kernel)
         for m, want in dense.items():
             torch.testing.assert_close(layer(torch.ones(m, 32) * m), want, rtol=1e-5, atol=1e-5)
 
 
-@needs_onednn
-def test_a_changed_weight_is_never_computed_from_a_stale_packing(monkeypatch):
+def test_the_transposed_copy_serves_every_row_count_but_not_autograd(monkeypatch):
     calls = []
-    real = K._onednn_linear
-    monkeypatch.setattr(K, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
-    layer = _packed(nn.Linear(16, 16, bias=False), 2)
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    layer = _packed(nn.Linear(5, 4), 3, "transposed")
+    with torch.no_grad():
+        layer(torch.randn(3, 5))
+        layer(torch.randn(2, 7, 5))  # any rows: (2, 7, 5) is 14 rows of one product
+    assert calls == [3, 14]
+    y = layer(torch.randn(3, 5))  # autograd needs F.linear's graph
+    assert calls == [3, 14] and y.requires_grad
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+def test_a_changed_weight_is_never_computed_from_a_stale_packing(kernel):
+    layer = _packed(nn.Linear(16, 16, bias=False), 2, kernel)
     x = torch.randn(2, 16)
     with torch.no_grad():
         layer.weight.mul_(2.0)  # an optimizer step or load_state_dict changes it in place
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-    assert calls == []
 
 
-def test_packing_is_not_used_when_gradients_are_needed():
-    layer = nn.Linear(8, 8)
-    if K.available():
-        _packed(layer, 4)
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(ValueError, match="not 'aten'"):
+        PackedLinear(nn.Linear(4, 4), 1, "aten")
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+def test_packing_is_not_used_when_gradients_are_needed(kernel):
+    layer = _packed(nn.Linear(8, 8), 4, kernel)
     layer(torch.randn(4, 8)).sum().backward()
     assert layer.weight.grad is not None
 
