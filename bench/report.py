@@ -111,7 +111,8 @@ def quality_mt(r: dict) -> str:
 
 
 RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
-          "beam_mt_base": beam_mt, "generate_gpt": generate_gpt, "gemv": gemv, "int8_quality": int8_quality,
+          "beam_mt_base": beam_mt, "beam_mt_2threads": beam_mt, "generate_gpt": generate_gpt,
+          "generate_gpt_2threads": generate_gpt, "gemv": gemv, "int8_quality": int8_quality,
           "step_profile": step_profile}
 
 

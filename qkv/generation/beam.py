@@ -8,6 +8,10 @@ token, decoder self-attention appends one position to its cache, and cross-atten
 are computed from the encoder output once per source. Beam search reorders the caches with the
 surviving hypotheses after every step (``model.reorder_cache``), or a hypothesis would continue from
 another's past. A sentence leaves the batch as soon as it is done, so the rest decode a smaller batch.
+Of a step's results the search reads back to the host only how many sentences are done (and the
+cache reorder which rows moved): its bookkeeping (the top-k, the row each hypothesis goes to, the
+n_best best finished scores that decide when to stop) is tensor operations on the model's device,
+and the finished hypotheses become Python objects once, after the search.
 
 The length penalty is GNMT's (Wu et al., 2016), which the paper's alpha refers to:
 ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` and a finished hypothesis scores ``log P(Y | X) / lp(Y)``, with
@@ -80,20 +84,11 @@ def max_new_tokens(src: Tensor, pad_id: int, model_max_len: int, extra: int = EX
     return lengths.clamp(min=0, max=model_max_len - 1)
 
 
-def _kth_best(hyps: list[Hypothesis], k: int) -> float:
-    """The k-th best score among ``hyps``; -inf if there are fewer than k."""
-    if len(hyps) < k:
-        return float("-inf")
-    return sorted((h.score for h in hyps), reverse=True)[k - 1]
-
-
 def _only_eos(logits: Tensor, rows: Tensor, eos_id: int) -> Tensor:
     """Make ``<eos>`` the only possible token on the rows where ``rows`` is True."""
-    if bool(rows.any()):
-        forbid = torch.ones_like(logits[0], dtype=torch.bool)
-        forbid[eos_id] = False
-        logits = logits.masked_fill(rows[:, None] & forbid[None, :], float("-inf"))
-    return logits
+    forbid = torch.ones_like(logits[0], dtype=torch.bool)
+    forbid[eos_id] = False
+    return logits.masked_fill(rows[:, None] & forbid[None, :], float("-inf"))
 
 
 def _survivors(done: Tensor) -> Tensor:
@@ -156,8 +151,8 @@ def _stay_in_place(parents: Tensor) -> Tensor:
     hold the past of the hypothesis in it. The first continuation of each parent takes the parent's
     row, whose past it shares, and the other continuations fill the rows whose parents have no
     continuation, in order. Only those rows need another row's past copied into their cache, k minus
-    the number of parents, instead of every row whose parent sits elsewhere. (A few dozen numbers: a
-    Python loop over them is faster than a dozen tensor operations.)
+    the number of parents, instead of every row whose parent sits elsewhere. Tensor operations on
+    the device, without reading anything back to the host.
 
     Args:
         parents: (N, K) the row (0..K-1) each continuation extends, best continuation first.
@@ -165,21 +160,15 @@ def _stay_in_place(parents: Tensor) -> Tensor:
     Returns:
         (N, K) ``order``: row j of sentence i gets continuation ``order[i, j]``.
     """
-    k = parents.shape[1]
-    orders = []
-    for row_parents in parents.tolist():
-        order: list[int | None] = [None] * k
-        others = []  # continuations whose parent's row is taken
-        for j, parent in enumerate(row_parents):
-            if order[parent] is None:
-                order[parent] = j
-            else:
-                others.append(j)
-        free = [row for row in range(k) if order[row] is None]
-        for row, j in zip(free, others):
-            order[row] = j
-        orders.append(order)
-    return torch.tensor(orders, dtype=torch.long, device=parents.device).view(-1, k)
+    n, k = parents.shape
+    j = torch.arange(k, device=parents.device)  # (K,) continuations, and rows
+    same = parents[:, :, None] == parents[:, None, :]  # (N, K, K): continuations j and j' share a parent
+    first = ~(same & (j[:, None] > j[None, :])).any(-1)  # (N, K): no better continuation has j's parent
+    claimed = ((parents[:, :, None] == j) & first[:, :, None]).any(1)  # (N, K): rows a first continuation takes
+    free = torch.sort(claimed.to(torch.uint8), dim=1, stable=True).indices  # (N, K): unclaimed rows first, in order
+    rank = ((~first).cumsum(1) - 1).clamp(min=0)  # (N, K): the place of each other continuation among the others
+    row = torch.where(first, parents, free.gather(1, rank))  # (N, K): the row each continuation goes to
+    return torch.empty_like(parents).scatter_(1, row, j.expand(n, k))
 
 
 @torch.no_grad()
@@ -205,9 +194,10 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
     memory = model.encode(src, src_mask)  # (B, S, D)
     limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
     steps = int(limits.max()) if b else 0
-    out: list[list[int]] = [[] for _ in range(b)]
     alive = torch.arange(b, device=src.device)  # the original rows still decoding
     tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (N, t + 1)
+    log: list[tuple[Tensor, Tensor]] = []  # per step, the rows decoding and their tokens: read back once, after
+    first_limit = int(limits.min()) if b else 0  # before this step no row is at its limit
     try:
         if use_cache:
             start_decoding(model, b, steps + 1)
@@ -216,15 +206,15 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
                 logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N, V)
             else:
                 logits = model.decode(tokens, memory, src_mask)[:, -1]  # (N, V)
-            logits = _only_eos(logits, limits[alive] <= t, eos_id)
+            if t >= first_limit:
+                logits = _only_eos(logits, limits[alive] <= t, eos_id)
             nxt = logits.argmax(dim=-1)  # (N,)
+            log.append((alive, nxt))
             ended = nxt == eos_id
-            for row, tok in zip(alive.tolist(), nxt.tolist()):
-                if tok != eos_id:
-                    out[row].append(tok)
-            if bool(ended.all()):
+            n_ended = int(ended.sum())  # the step's one read from the device
+            if n_ended == ended.shape[0]:
                 break
-            if bool(ended.any()):
+            if n_ended:
                 keep = _survivors(ended)  # (N',)
                 alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
                 memory = memory[keep]
@@ -235,6 +225,11 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
         if use_cache:
             end_decoding(model)
         model.train(was_training)
+    out: list[list[int]] = [[] for _ in range(b)]
+    for rows, nxt in log:
+        for row, tok in zip(rows.tolist(), nxt.tolist()):
+            if tok != eos_id:
+                out[row].append(tok)
     return out
 
 
@@ -280,7 +275,13 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
     scores = torch.full((b, k), float("-inf"), device=device)  # (N, K)
     scores[:, 0] = 0.0
     sentences = torch.arange(b, device=device)  # original index of each sentence still decoding
-    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    # The step reads nothing back to the host but how many sentences are done. Finished hypotheses
+    # stay on the device: each step's <eos> candidates are logged (their tokens are in that step's
+    # ``tokens``) and turned into Hypothesis objects once, after the search; what the stopping rule
+    # needs, the n_best best finished scores of each sentence, is kept as a tensor.
+    best_finished = torch.full((b, n_best), float("-inf"), dtype=torch.float64, device=device)  # (N, n_best)
+    log: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+    first_limit = int(limits.min()) if b else 0  # before this step no sentence is at its limit
     try:
         if use_cache:
             start_decoding(model, b * k, steps + 1)
@@ -301,7 +302,8 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
             at_limit = limits[sentences] <= t  # (N,)
             logits = logits.float()
             logp = torch.log_softmax(logits, dim=-1, out=logits)  # in place: the logits are ours, 2 MB less to touch
-            logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
+            if t >= first_limit:
+                logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
             vocab = logp.shape[-1]
             # 2k candidates: even if k of them end with <eos>, k others can continue.
             top_scores, from_beam, top_tokens = _best_continuations(
@@ -309,45 +311,69 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
             is_eos = top_tokens == eos_id
             # <eos> among the k best candidates finishes a hypothesis.
             ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (N, K)
-            if bool(ends.any()):
-                lp = length_penalty(t + 1, alpha)
-                for i, j in ends.nonzero().tolist():
-                    row = i * k + int(from_beam[i, j])
-                    logprob = float(top_scores[i, j])
-                    finished[int(sentences[i])].append(Hypothesis(tokens[row, 1:].tolist(), logprob / lp, logprob))
+            log.append((t, ends, top_scores[:, :k], from_beam[:, :k], sentences, tokens))
+            lp = length_penalty(t + 1, alpha)
+            # The finished scores in float64 (as Hypothesis.score is computed), the n_best best kept.
+            ended = (top_scores[:, :k].double() / lp).masked_fill(~ends, float("-inf"))  # (N, K)
+            best_finished = torch.cat([best_finished, ended], dim=1).topk(n_best, dim=1).values  # (N, n_best)
             # The k best candidates that do not end continue.
             alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=-1)  # (N, K)
             # Done: n_best have finished and none of them would lose to the best growing hypothesis,
             # were it to end now (with beam 1 this is exactly when greedy search stops).
-            lp = length_penalty(t + 1, alpha)
-            kth_finished = torch.tensor([_kth_best(finished[s], n_best) for s in sentences.tolist()], device=device)
+            kth_finished = best_finished[:, -1].float()  # (N,)
             done = at_limit | (torch.isfinite(kth_finished) & (kth_finished >= alive_scores[:, 0] / lp))
-            if bool(done.all()):
+            n_done = int(done.sum())  # the step's one read from the device
+            if n_done == n:
                 break
             beams = from_beam.gather(1, pick)  # (N, K)
             order = _stay_in_place(beams)  # (N, K): most hypotheses stay in their parent's row
             pick = pick.gather(1, order)
             beams, alive_scores = beams.gather(1, order), alive_scores.gather(1, order)  # (N, K)
             next_tokens = top_tokens.gather(1, pick)  # (N, K)
-            keep = _survivors(done)  # (N',)
-            rows = (keep[:, None] * k + beams[keep]).reshape(-1)  # (N' * K,) rows the survivors extend
-            tokens = torch.cat([tokens[rows], next_tokens[keep].reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
-            scores = alive_scores[keep]
-            sentences = sentences[keep]
-            if keep.shape[0] < n:  # sentences left: their sources go too
+            if n_done:  # sentences leave: their rows, scores and sources go
+                keep = _survivors(done)  # (N',)
+                beams, next_tokens, alive_scores = beams[keep], next_tokens[keep], alive_scores[keep]
+                sentences, best_finished = sentences[keep], best_finished[keep]
                 src_mask = src_mask[keep]
                 memory = memory[keep] if not use_cache else None
+            parents = keep if n_done else torch.arange(n, device=device)  # (N',) the sentences that go on
+            rows = (parents[:, None] * k + beams).reshape(-1)  # (N' * K,) the rows the survivors extend
+            tokens = torch.cat([tokens[rows], next_tokens.reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
+            scores = alive_scores
             if use_cache:  # (the first step's cache has one row per sentence: row i of sentence i)
-                model.reorder_cache(rows // k if t == 0 else rows, sources=keep if keep.shape[0] < n else None)
+                model.reorder_cache(rows // k if t == 0 else rows, sources=keep if n_done else None)
     finally:
         if use_cache:
             end_decoding(model)
         model.train(was_training)
+    finished = _finished_hypotheses(log, b, k, alpha)
     lost = [i for i, hyps in enumerate(finished) if not hyps]
     if lost:  # every candidate scored NaN: nothing to rank
         raise FloatingPointError(f"beam search: the model's scores are not finite (NaN) for sentence(s) {lost[:5]}; "
                                  "no hypothesis can be ranked. Check the weights (qkv eval) or the input")
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+def _finished_hypotheses(log: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]], b: int, k: int,
+                         alpha: float) -> list[list[Hypothesis]]:
+    """The hypotheses that ended with ``<eos>``, per sentence, in the order they ended.
+
+    Args:
+        log: per step ``(t, ends, scores, beams, sentences, tokens)``: (N, K) which of the k best
+            candidates are ``<eos>``, their log-probabilities and the rows (0..K-1) they extend, the
+            (N,) original index of each sentence, and the (N * K, t + 1) tokens of the step's rows.
+        b: the sentences searched.
+    """
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    for t, ends, scores, beams, sentences, tokens in log:
+        if not bool(ends.any()):
+            continue
+        lp = length_penalty(t + 1, alpha)
+        for i, j in ends.nonzero().tolist():
+            logprob = float(scores[i, j])
+            row = tokens[i * k + int(beams[i, j]), 1:]
+            finished[int(sentences[i])].append(Hypothesis(row.tolist(), logprob / lp, logprob))
+    return finished
 
 
 __all__ = ["Hypothesis", "length_penalty", "max_new_tokens", "greedy_search", "beam_search"]

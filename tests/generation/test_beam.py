@@ -141,6 +141,26 @@ def test_continuations_stay_in_their_parents_rows():
     assert order.tolist() == [[0, 1, 2, 3], [2, 1, 0, 3], [3, 2, 1, 0], [1, 0, 3, 2]]
 
 
+def test_continuations_stay_in_place_for_any_parents():
+    # Against the rule written out in Python, over every parent pattern of k = 4 and random ones of k = 6.
+    def reference(row_parents):
+        k = len(row_parents)
+        order, others = [None] * k, []
+        for j, parent in enumerate(row_parents):
+            if order[parent] is None:
+                order[parent] = j
+            else:
+                others.append(j)
+        for row, j in zip([r for r in range(k) if order[r] is None], others):
+            order[row] = j
+        return order
+
+    every = torch.cartesian_prod(*[torch.arange(4)] * 4)  # (256, 4)
+    random = torch.randint(0, 6, (200, 6), generator=torch.Generator().manual_seed(0))
+    for parents in (every, random):
+        assert _stay_in_place(parents).tolist() == [reference(p) for p in parents.tolist()]
+
+
 def test_survivors_keep_their_places():
     done = torch.tensor([False, True, False, True, False, False])
     keep = _survivors(done)
