@@ -7,16 +7,17 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
 
 - :func:`decoding`: the caches, and the weights of the products every step runs laid out for the
   kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS)
-  with the weight as ``nn.Linear`` keeps it, (out, in). Two other layouts can beat it: the weight
-  copied to (in, out) for ``torch.addmm`` ("transposed": 1.65x faster than ``F.linear`` for one-row
-  products of 384 inputs to 1,536 outputs on an Intel Xeon, 0.6x for 1,536 to 384), and oneDNN's packed
+  with the weight as ``nn.Linear`` keeps it, (out, in). Two other layouts can beat it: the weight's
+  memory laid out (in, out) (:func:`transpose_weight`, "transposed": 1.65x faster than the default
+  for one-row products of 384 inputs to 1,536 outputs on an AMD EPYC, 0.6x for 1,536 to 384), and oneDNN's packed
   weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD EPYC and
   at half of it on an Intel Xeon (docs/BENCHMARKS.md). So no kernel is assumed: :func:`choose` times
   each on each product's shape (rows, in, out) the first time it is needed on a machine, and keeps the
   winner in the user cache (``kernels.json``, keyed by CPU model, torch version and thread count).
-  ``pack_weights`` then replaces the ``forward`` of each linear map a step runs (:func:`step_linears`)
-  where another kernel than ``F.linear`` won; products it does not hold for (a prompt's prefill, other
-  row counts for oneDNN, autograd, a weight changed since) go to ``F.linear``. The results are
+  ``pack_weights`` then lays out each linear map a step runs (:func:`step_linears`) where another
+  kernel than the default won: its weight's memory transposed, or its ``forward`` replaced by oneDNN's
+  (which takes ``F.linear`` for products it does not hold for: a prompt's prefill, other row counts,
+  autograd, a weight changed since). The results are
   ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
 - :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
   (qkv.generation.compiled).
@@ -51,7 +52,7 @@ from qkv.models import GPT, Transformer
 # oneDNN's fused linear, the op torch.compile's CPU backend emits for frozen linear layers. It is a
 # private op of the pinned torch; ``available()`` checks it once and everything falls back without it.
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-KERNELS = ("aten", "transposed", "onednn")  # F.linear, addmm on an (in, out) copy, oneDNN packed
+KERNELS = ("aten", "transposed", "onednn")  # F.linear on (out, in) memory, on (in, out) memory, oneDNN packed
 _BACKENDS = ("auto", *KERNELS)
 _backend = os.environ.get("QKV_LINEAR", "auto")
 if _backend not in _BACKENDS:
@@ -161,8 +162,9 @@ def _seconds_per_call(run: Callable[[], object], reps: int) -> float:
 
 def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
     """Seconds per ``rows``-row product with an (out, in) fp32 weight, for each kernel this PyTorch runs
-    (:func:`_kernels`): ``F.linear`` ("aten"), ``torch.mm`` on an (in, out) copy ("transposed") and
-    oneDNN's packed weight.
+    (:func:`_kernels`): ``F.linear`` on the weight as ``nn.Linear`` keeps it ("aten") and on the same
+    values laid out (in, out) in memory ("transposed", :func:`transpose_weight`), and oneDNN's packed
+    weight.
 
     A decoding step streams every weight from memory once, so where one product is quick the timing
     cycles through copies of random weights that together outgrow the CPU's caches
@@ -177,9 +179,9 @@ def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
         return [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(n)]
 
     def layouts(w: list[Tensor]) -> dict[str, Callable[[], object]]:
-        laid = {"aten": w, "transposed": [m.t().contiguous() for m in w]}  # (out, in), (in, out)
+        laid = {"aten": w, "transposed": [m.t().contiguous().t() for m in w]}  # (out, in) memory, (in, out) memory
         runs: dict[str, Callable[[], object]] = {"aten": lambda: [F.linear(x, m) for m in laid["aten"]],
-                                                 "transposed": lambda: [torch.mm(x, m) for m in laid["transposed"]]}
+                                                 "transposed": lambda: [F.linear(x, m) for m in laid["transposed"]]}
         if "onednn" in _kernels():
             laid["onednn"] = [torch.ops.mkldnn._reorder_linear_weight(m, rows) for m in w]
             runs["onednn"] = lambda: [_onednn_linear(x, m, None, "none", [], "") for m in laid["onednn"]]
@@ -231,44 +233,57 @@ def forget_choices() -> None:
 
 
 class PackedLinear:
-    """The ``forward`` of an ``nn.Linear`` while its weight is laid out for another kernel than ``F.linear``.
+    """The ``forward`` of an ``nn.Linear`` while it is packed: oneDNN on its weight laid out for ``rows``-row products.
 
-    ``kernel="transposed"``: a contiguous (in, out) copy of the weight, multiplied by ``torch.addmm``
-    for any number of rows (MKL streams that layout faster for some shapes; :func:`measure`).
-    ``kernel="onednn"``: oneDNN's weight packed for ``rows``-row products. oneDNN builds a kernel for
-    each row count it sees and keeps it. When a beam search's batch shrinks as sentences finish, every
-    new count cost time and memory: translating a test set grew the process by 300 MB. One row count
-    per generation keeps that to one kernel per weight; other counts take ``F.linear``.
-
-    Either copy is a second one, used only while the weight is unchanged (its version counter is
-    checked on every call; an inference tensor, made under ``torch.inference_mode``, keeps none), and
-    never where autograd needs ``F.linear``'s graph.
+    oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch shrinks
+    as sentences finish, every new count cost time and memory: translating a test set grew the process
+    by 300 MB. One row count per generation keeps that to one kernel per weight; other counts take
+    ``F.linear``. The packed weight is a second copy, used only while the weight is unchanged (its
+    version counter is checked on every call; an inference tensor, made under
+    ``torch.inference_mode``, keeps none).
     """
 
-    def __init__(self, module: nn.Linear, rows: int, kernel: str = "onednn") -> None:
-        if kernel not in KERNELS[1:]:
-            raise ValueError(f"PackedLinear lays a weight out for {' or '.join(KERNELS[1:])}, not {kernel!r}")
-        self.module, self.rows, self.kernel = module, rows, kernel
+    def __init__(self, module: nn.Linear, rows: int) -> None:
+        self.module, self.rows = module, rows
         w = module.weight.detach()
         self.version = None if w.is_inference() else w._version
-        if kernel == "onednn":
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
-        else:
-            self.packed = w.t().contiguous()  # (in, out)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.module
         weight, bias = m.weight, m.bias
-        if (self.version is None or self.version == weight._version) \
+        if (self.version is None or self.version == weight._version) and x.numel() == self.rows * x.shape[-1] \
                 and x.dtype == weight.dtype and x.device == weight.device and _lays_out(weight) \
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-            if self.kernel == "transposed":
-                rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (R, in)
-                y = torch.mm(rows, self.packed) if bias is None else torch.addmm(bias, rows, self.packed)  # (R, out)
-                return y.view(*x.shape[:-1], y.shape[-1])
-            if x.numel() == self.rows * x.shape[-1]:
-                return _onednn_linear(x, self.packed, bias, "none", [], "")
+            return _onednn_linear(x, self.packed, bias, "none", [], "")
         return F.linear(x, weight, bias)
+
+
+_OUT_IN = "_qkv_out_in"  # where a transposed linear map keeps its weight's own (out, in) memory
+
+
+def transpose_weight(module: nn.Linear) -> None:
+    """Lay ``module.weight`` out in memory as (in, out): the same values and shape, other strides.
+
+    ``F.linear`` multiplies by the weight's transpose, which is then a contiguous (in, out) matrix, the
+    layout MKL streams faster for some shapes (:func:`measure`). Nothing wraps the module (a wrapper's
+    Python, ~10 us a call, cost a GPT step as much as the layout saved): its own ``forward`` runs, for
+    every row count, with autograd as ever. :func:`restore_weight` puts the memory back.
+    """
+    w = module.weight
+    module.__dict__[_OUT_IN] = (w.data, None if w.is_inference() else w._version)
+    w.data = w.detach().t().contiguous().t()  # (out, in) values, (in, out) memory
+
+
+def restore_weight(module: nn.Module) -> None:
+    """The weight's own (out, in) memory again, holding any change made to it while it was transposed."""
+    kept = module.__dict__.pop(_OUT_IN, None)
+    if kept is not None:
+        original, version = kept
+        w = module.weight
+        if version is None or w._version != version:
+            original.copy_(w.data)
+        w.data = original
 
 
 def step_linears(model: nn.Module) -> list[nn.Linear]:
@@ -291,15 +306,19 @@ def pack_weights(model: nn.Module, rows: int) -> None:
     """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where another kernel
     runs them faster than ``F.linear`` (:func:`choose`)."""
     for m in step_linears(model):
-        if _lays_out(m.weight) and (kernel := choose(rows, m.in_features, m.out_features)) != "aten":
-            m.forward = PackedLinear(m, rows, kernel)
+        kernel = choose(rows, m.in_features, m.out_features) if _lays_out(m.weight) else "aten"
+        if kernel == "onednn":
+            m.forward = PackedLinear(m, rows)
+        elif kernel == "transposed":
+            transpose_weight(m)
 
 
 def unpack_weights(model: nn.Module) -> None:
-    """Free the packed weights: every linear map is ``nn.Linear``'s own again."""
+    """Free the packed weights: every linear map is ``nn.Linear``'s own again, its weight in its own memory."""
     for m in model.modules():
         if isinstance(m.__dict__.get("forward"), PackedLinear):
             del m.forward
+        restore_weight(m)
 
 
 def start_decoding(model: nn.Module, rows: int, max_len: int, packed: bool = True) -> None:
@@ -340,5 +359,5 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
 
 
 __all__ = ["KERNELS", "set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices",
-           "PackedLinear", "step_linears", "pack_weights", "unpack_weights", "start_decoding", "end_decoding", "decoding",
+           "PackedLinear", "transpose_weight", "restore_weight", "step_linears", "pack_weights", "unpack_weights", "start_decoding", "end_decoding", "decoding",
            "compiled_linear"]

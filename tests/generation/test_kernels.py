@@ -37,8 +37,17 @@ def fresh_choices(tmp_path, monkeypatch):
 
 
 def _packed(layer: nn.Linear, rows: int, kernel: str = "onednn") -> nn.Linear:
-    layer.forward = PackedLinear(layer, rows, kernel)
+    if kernel == "onednn":
+        layer.forward = PackedLinear(layer, rows)
+    else:
+        K.transpose_weight(layer)
     return layer
+
+
+def _kernel_of(layer: nn.Linear) -> str:
+    if isinstance(layer.__dict__.get("forward"), PackedLinear):
+        return "onednn"
+    return "transposed" if layer.weight.stride() == (1, layer.out_features) else "aten"
 
 
 @needs_onednn
@@ -58,8 +67,7 @@ def test_each_product_gets_the_kernel_measured_fastest_on_this_machine(fresh_cho
     monkeypatch.setattr(K, "measure", fake)
     model = GPT(preset("tiny-gpt")).eval()
     pack_weights(model, 3)
-    laid_out = [getattr(m.__dict__.get("forward"), "kernel", "aten") for m in step_linears(model)]
-    assert set(laid_out) == {faster}
+    assert {_kernel_of(m) for m in step_linears(model)} == {faster}
     shapes = {(4, m.in_features, m.out_features) for m in step_linears(model)}  # 3 rows: measured as 4
     assert sorted(measured) == sorted(shapes)  # each shape once, however many layers have it
     # Kept for the next process on this machine: no measuring again.
@@ -155,17 +163,29 @@ def test_packed_weights_give_the_same_products_for_any_row_count(kernel):
             torch.testing.assert_close(layer(torch.ones(m, 32) * m), want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_transposed_copy_serves_every_row_count_but_not_autograd(monkeypatch):
-    calls = []
-    real = torch.addmm
-    monkeypatch.setattr(torch, "addmm", lambda *a: calls.append(a[1].shape[0]) or real(*a))
-    layer = _packed(nn.Linear(5, 4), 3, "transposed")
+def test_a_transposed_weight_keeps_its_values_shape_and_parameter_and_gets_its_memory_back():
+    torch.manual_seed(0)
+    layer = nn.Linear(5, 4)
+    weight, values, x = layer.weight, layer.weight.detach().clone(), torch.randn(3, 2, 5)
+    want = layer(x)
+    K.transpose_weight(layer)
+    assert layer.weight is weight and layer.weight.shape == (4, 5) and layer.weight.stride() == (1, 4)
+    assert torch.equal(layer.weight, values)
+    torch.testing.assert_close(layer(x), want, rtol=1e-6, atol=1e-6)  # any rows: nn.Linear's own forward
+    layer(x).sum().backward()  # and autograd as ever
+    assert layer.weight.grad.shape == (4, 5)
+    K.restore_weight(layer)
+    assert layer.weight is weight and layer.weight.is_contiguous() and torch.equal(layer.weight, values)
+
+
+def test_a_change_made_while_transposed_is_kept_when_the_memory_goes_back():
+    layer = nn.Linear(6, 3, bias=False)
+    K.transpose_weight(layer)
     with torch.no_grad():
-        layer(torch.randn(3, 5))
-        layer(torch.randn(2, 7, 5))  # any rows: (2, 7, 5) is 14 rows of one product
-    assert calls == [3, 14]
-    y = layer(torch.randn(3, 5))  # autograd needs F.linear's graph
-    assert calls == [3, 14] and y.requires_grad
+        layer.weight.mul_(2.0)
+    changed = layer.weight.detach().clone()
+    K.restore_weight(layer)
+    assert layer.weight.is_contiguous() and torch.equal(layer.weight, changed)
 
 
 @pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
@@ -175,11 +195,6 @@ def test_a_changed_weight_is_never_computed_from_a_stale_packing(kernel):
     with torch.no_grad():
         layer.weight.mul_(2.0)  # an optimizer step or load_state_dict changes it in place
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-
-
-def test_an_unknown_layout_is_refused():
-    with pytest.raises(ValueError, match="not 'aten'"):
-        PackedLinear(nn.Linear(4, 4), 1, "aten")
 
 
 @pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
@@ -215,6 +230,15 @@ def test_decoding_packs_and_frees_every_step_linear_and_the_caches(onednn):
             assert all(isinstance(m.__dict__.get("forward"), PackedLinear) for m in linears)
     assert all(layer.self_attn.cache is None for layer in model.layers)
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_decoding_transposes_and_restores_every_step_weight(backend_afterwards):
+    K.set_backend("transposed")
+    model = GPT(preset("tiny-gpt")).eval()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with decoding(model, 2, 16):
+        assert {_kernel_of(m) for m in step_linears(model)} == {"transposed"}
+    assert all(p.is_contiguous() and torch.equal(p, before[name]) for name, p in model.named_parameters())
     pack_weights(model, 3)
     unpack_weights(model)
     assert not any("forward" in m.__dict__ for m in model.modules())
