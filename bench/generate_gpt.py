@@ -2,16 +2,17 @@
 
 The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256, vocab 65) with random
 weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
-batch 1 and batch 8; qkv with and without its cache, and with its linear maps on PyTorch's default
-kernels instead of oneDNN (``qkv-aten``: how much of the lead is the kernel), and at batch 1 with its
+batch 1 and batch 8; qkv with and without its cache, and with each of its product kernels forced
+everywhere instead of measured per shape (``qkv-aten``, ``qkv-transposed``, ``qkv-onednn``: what the
+choice is worth), and at batch 1 with its
 step compiled by torch.compile (``qkv-compile``; the compile is the untimed first call, whose time is
 recorded as ``first_call_s``; larger batches run eagerly under compile=True), against HF compiled the
 same way as HF documents it (``hf-compile``: a static cache and a compiled forward); ``qkv-int8``
 (``--quantize int8``: PyTorch's dynamic quantization) and CTranslate2 4.8.5 on the same weights
 (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8 compute type),
-given the same threads as torch. fp32 unless named, eval mode, torch.inference_mode for all. ``floor`` is the time of the layers' weight products alone, one product
-per weight and step with oneDNN's packed weights: what qkv's eager step costs before attention,
-norms, activations and Python (the compiled step's products run below it).
+given the same threads as torch. fp32 unless named, eval mode, torch.inference_mode for all.
+``floor`` is the time of the layers' weight products alone, one product per weight and step on the
+kernels qkv chooses: what qkv's eager step costs before attention, norms, activations and Python.
 
     python bench/generate_gpt.py [--repeats 5] [--out bench/results/generate_gpt.json]
 """
