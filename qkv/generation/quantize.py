@@ -18,6 +18,7 @@ the kernels that are fast today and silences the notice.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import torch
@@ -54,7 +55,25 @@ def quantized(model: nn.Module, kind: str = "int8") -> nn.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|torch\.quantize_per).*deprecated")
         quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8)
+    for m in quantized.modules():
+        if isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
+            _call_the_kernel(m)
     return quantized
+
+
+def _call_the_kernel(linear: nn.Module) -> None:
+    """Make a quantized linear map's ``forward`` the int8 kernel itself, with its packed weight bound.
+
+    The module's own forward reads its packed weight's dtype and its version through two attribute
+    lookups and converts the fp32 result to fp32, ~18 us a call: 25 calls a GPT step at batch 1, 8%
+    of an int8 step (6.16 ms against 5.71 at the nanoGPT config, one thread). The kernel and its
+    arguments are the ones that forward passes for an int8 weight of a current module (version 4:
+    ``reduce_range``); any other keeps its forward. The copy is made for decoding and never loads
+    other weights, so the bound weight cannot go stale.
+    """
+    if linear._packed_params.dtype == torch.qint8 and linear.version is not None and linear.version >= 4:
+        linear.forward = functools.partial(torch.ops.quantized.linear_dynamic,
+                                           W_prepack=linear._packed_params._packed_params, reduce_range=True)
 
 
 __all__ = ["KINDS", "check_quantize", "quantized"]

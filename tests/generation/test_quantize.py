@@ -41,6 +41,17 @@ def test_every_linear_map_is_int8_and_the_rest_stays():
 
 
 @needs_int8
+def test_each_linear_map_calls_the_kernel_its_module_would_with_the_same_result():
+    q = quantized(Transformer(preset("tiny-transformer", dropout=0.0)).eval())
+    linears = [m for m in q.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert linears and all("forward" in m.__dict__ for m in linears)  # bound to the kernel
+    g = torch.Generator().manual_seed(0)
+    for m in linears:
+        x = torch.randn(3, 2, m.in_features, generator=g) * 4
+        assert torch.equal(m(x), type(m).forward(m, x))  # the module's own forward, bit for bit
+
+
+@needs_int8
 @pytest.mark.parametrize("arch", ["gpt", "transformer"])
 def test_int8_logits_are_close_to_fp32(arch):
     torch.manual_seed(0)
