@@ -225,6 +225,11 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
         if use_cache:
             end_decoding(model)
         model.train(was_training)
+    return _greedy_outputs(log, b, eos_id)
+
+
+def _greedy_outputs(log: list[tuple[Tensor, Tensor]], b: int, eos_id: int) -> list[list[int]]:
+    """Each source's tokens, from the (rows, tokens) of every step: (N,) original indices and (N,) ids."""
     out: list[list[int]] = [[] for _ in range(b)]
     for rows, nxt in log:
         for row, tok in zip(rows.tolist(), nxt.tolist()):

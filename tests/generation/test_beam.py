@@ -242,3 +242,39 @@ def test_a_model_whose_scores_are_all_nan_is_a_clear_error_not_an_empty_result(m
 def test_the_length_penalty_must_be_finite_and_not_negative(model, src, alpha):
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, src, BOS, EOS, beam_size=2, alpha=alpha, limit=5)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_step_reads_one_number_back_from_the_device(model, src, monkeypatch, search):
+    """The searches' bookkeeping stays on the device: from the first step to the building of the results,
+    each step reads back only how many sentences are done (the caches' reorder reads which rows moved,
+    through ``nonzero``, which this does not count)."""
+    import qkv.generation.beam as beam
+
+    reads = []
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real: reads.append(1) or _real(self, *a))
+    steps, at = [], {}  # reads so far at the first step, and where the results are built
+    real_decode = type(model).decode
+
+    def decode(self, *args, **kwargs):
+        at.setdefault("first step", len(reads))
+        steps.append(1)
+        return real_decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "decode", decode)
+    results = "_greedy_outputs" if search == "greedy" else "_finished_hypotheses"
+    real_results = getattr(beam, results)
+
+    def build(*args):
+        at["results"] = len(reads)
+        return real_results(*args)
+
+    monkeypatch.setattr(beam, results, build)
+    if search == "greedy":
+        greedy_search(model, src, BOS, EOS, limit=20)
+    else:
+        beam_search(model, src, BOS, EOS, beam_size=4, n_best=2, limit=20)
+    assert len(steps) > 3
+    assert at["results"] - at["first step"] == len(steps)
