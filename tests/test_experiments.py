@@ -85,3 +85,23 @@ def test_the_grid_mirrors_the_paper_and_a_bad_row_is_one_line(capsys):
     assert all(v.tags["paper"] is None or v.tags["paper"] in table3.PAPER for v in grid)
     assert main(["experiment", "table3", "--rows", "Z"]) == 2
     assert "--rows: unknown ['Z']" in capsys.readouterr().err
+
+
+def test_each_variant_is_compared_with_the_base_seed_for_seed():
+    grid = [Variant(name=f"{row}_seed{s}", row=row, label=row, seed=s) for row in ("base", "A", "E") for s in (1, 2, 3)]
+
+    def res(bleu, ppl):
+        return {"bleu": bleu, "ppl": ppl, "parameters": 10, "steps": 4}
+
+    results = {"base_seed1": res(30.0, 11.0), "base_seed2": res(31.0, 10.5), "A_seed1": res(31.0, 10.9),
+               "A_seed2": res(31.5, 10.6), "A_seed3": res(20.0, 20.0), "E_seed3": res(29.0, 12.0)}
+    rows = {r["row"]: r for r in table3.table(results, grid)}
+    a = rows["A"]
+    # Seeds 1 and 2 pair (+1.0, +0.5); seed 3 has no base to pair with, though it counts in the mean.
+    assert a["seeds"] == 3 and a["paired"] == 2
+    assert abs(a["bleu_delta"] - 0.75) < 1e-9 and abs(a["bleu_delta_sd"] - 0.5 ** 0.5 / 2) < 1e-9
+    assert abs(a["ppl_delta"] - 0.0) < 1e-9
+    assert "paired" not in rows["E"] and "paired" not in rows["base"]
+    md = table3.markdown(list(rows.values()))
+    assert "| +0.00 ± 0.14 (2) | +0.8 ± 0.4 (2) |" in md
+    assert all(line.count("|") == 13 for line in md.splitlines())  # every line has the header's 12 cells

@@ -124,10 +124,17 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
 
 
 def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
-    """One row per (row, label): the mean and spread over its seeds, beside the paper's numbers."""
+    """One row per (row, label): the mean and spread over its seeds, beside the paper's numbers.
+
+    Each variant is also compared with the base seed for seed (``bleu_delta``, ``ppl_delta``: the mean and
+    spread of variant minus base over the seeds both have, ``paired`` of them). A seed fixes the order
+    of the training batches, which the base and the variant share, so the paired differences vary less
+    than the two columns' spreads suggest: they are what tells a change from seed noise.
+    """
     groups: dict[tuple[str, str], list[Variant]] = {}
     for v in grid:
         groups.setdefault((v.row, v.label), []).append(v)
+    base = {v.seed: results[v.name] for v in groups.get(("base", "base"), []) if v.name in results}
     out = []
     for (row, label), seeds in groups.items():
         found = [results[v.name] for v in seeds if v.name in results]
@@ -139,20 +146,35 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
             entry["bleu"], entry["bleu_sd"] = spread([r["bleu"] for r in found])
             entry["parameters"] = found[0]["parameters"]
             entry["steps"] = found[0]["steps"]
+        pairs = [(results[v.name], base[v.seed]) for v in seeds if v.name in results and v.seed in base]
+        if row != "base" and pairs:
+            entry["paired"] = len(pairs)
+            entry["bleu_delta"], entry["bleu_delta_sd"] = spread([r["bleu"] - b["bleu"] for r, b in pairs])
+            entry["ppl_delta"], entry["ppl_delta_sd"] = spread([r["ppl"] - b["ppl"] for r, b in pairs])
         out.append(entry)
     return out
 
 
+def _delta(r: dict[str, Any], key: str, digits: int) -> str:
+    """``+0.3 ± 0.2 (3)``: the paired difference from the base over ``(n)`` seeds, its spread where n > 1."""
+    if f"{key}_delta" not in r:
+        return ""
+    sd = f" ± {r[f'{key}_delta_sd']:.{digits}f}" if r["paired"] > 1 else ""
+    return f"{r[f'{key}_delta']:+.{digits}f}{sd} ({r['paired']})"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table in the paper's layout: ours (mean ± spread over the seeds) beside the paper's row."""
-    lines = ["| row | change | seeds | PPL (valid) | BLEU (valid) | params | paper's row | paper PPL | paper BLEU |"
-             " paper params |", "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    """The table in the paper's layout: ours (mean ± spread over the seeds, and the difference from the base
+    seed for seed, with the number of seeds paired) beside the paper's row."""
+    lines = ["| row | change | seeds | PPL (valid) | BLEU (valid) | PPL - base, same seeds | BLEU - base, same seeds |"
+             " params | paper's row | paper PPL | paper BLEU | paper params |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         paper = r.get("paper") or {}
-        ours = ("| - | - | -" if "ppl" not in r else
+        ours = ("| - | - | | | -" if "ppl" not in r else
                 f"| {r['ppl']:.2f}" + (f" ± {r['ppl_sd']:.2f}" if r["seeds"] > 1 else "") +
                 f" | {r['bleu']:.1f}" + (f" ± {r['bleu_sd']:.1f}" if r["seeds"] > 1 else "") +
-                f" | {r['parameters'] / 1e6:.2f}M")
+                f" | {_delta(r, 'ppl', 2)} | {_delta(r, 'bleu', 1)} | {r['parameters'] / 1e6:.2f}M")
         lines.append(f"| {r['row']} | {r['label']} | {r['seeds']} {ours} | {r.get('paper_row') or '(beyond the paper)'}"
                      f" | {format(paper['ppl'], '.2f') if 'ppl' in paper else ''}"
                      f" | {format(paper['bleu'], '.1f') if 'bleu' in paper else ''} | "
@@ -192,7 +214,8 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     steps = sorted({r["steps"] for r in rows if "steps" in r})
     budget = " / ".join(map(str, steps)) or "N"
     caption = ("Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every "
-               f"variant {budget} steps, beam 4, no averaging; mean ± standard deviation over the seeds scored. "
+               f"variant {budget} steps, beam 4, no averaging; mean ± standard deviation over the seeds scored; "
+               "the differences from the base pair each seed with the base's (the same batches), (n) seeds paired. "
                "The paper's: newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
                "Written by `qkv experiment table3`; see docs/EXPERIMENTS.md.\n\n")
     md = write_text(out_dir / "table3.md", caption + markdown(rows))
