@@ -95,7 +95,11 @@ def generate(
     try:
         # The caches and, for eager steps, the weights packed for b-row products; compiled steps use no
         # packing. Both go when the block ends, as does the compiled step's transformation of the model.
-        with decoding(model, b, total, packed=not compiled_steps) if use_cache else contextlib.nullcontext():
+        # Compiled steps read caches of the model's whole context, as the Completer's do: the graph is
+        # specialised to the caches' length, and one length lets every later generation of the process
+        # reuse it (a cache of `total` positions compiled anew, seconds, for every other length).
+        cache_len = model.cfg.max_len if compiled_steps else total
+        with decoding(model, b, cache_len, packed=not compiled_steps) if use_cache else contextlib.nullcontext():
             seq, step_in, step_pos = ids, ids, positions
             for i in range(max_new_tokens):
                 mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)

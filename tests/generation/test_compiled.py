@@ -65,6 +65,13 @@ def test_generate_compiled_equals_eager_greedy_and_sampled():
     assert compiled_frames() == 1
 
 
+def test_generations_of_other_lengths_reuse_the_graph_of_the_first():
+    m = GPT(preset("tiny-gpt")).eval()
+    for prompt, n in (([3, 1, 4], 5), ([3, 1, 4, 1, 5], 9), ([2, 7], 3)):
+        assert generate(m, [prompt], n, temperature=0, compile=True) == generate(m, [prompt], n, temperature=0)
+    assert compiled_frames() == 1  # a graph per length would be 3, and seconds of compiling each
+
+
 def test_compile_needs_the_cache_and_a_compiler(monkeypatch):
     m = GPT(preset("tiny-gpt")).eval()
     with pytest.raises(ValueError, match="needs use_cache=True"):
