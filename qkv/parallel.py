@@ -42,10 +42,8 @@ def launched_rank() -> int:
 
 
 def block(n: int, rank: int, world_size: int) -> slice:
-    """Rank ``rank``'s contiguous block of ``n`` rows out of ``world_size`` blocks (sizes differ by at most 1)."""
-    if n < world_size:
-        raise ValueError(f"a batch of {n} rows cannot be shared by {world_size} ranks (each needs at least one): "
-                         "make the batch larger or use fewer ranks")
+    """Rank ``rank``'s contiguous block of ``n`` rows out of ``world_size`` blocks (sizes differ by at most 1;
+    with fewer rows than ranks, the last ranks' blocks are empty)."""
     size, extra = divmod(n, world_size)
     start = rank * size + min(rank, extra)
     return slice(start, start + size + (rank < extra))
@@ -79,11 +77,8 @@ class Ranks:
         return range(self.rank, n, self.world_size)
 
     def rows(self, n: int) -> slice:
-        """This rank's contiguous block of ``n`` rows (as ``torch.tensor_split``: sizes differ by at most 1).
-
-        Raises:
-            ValueError: ``n`` rows cannot give every rank at least one.
-        """
+        """This rank's contiguous block of ``n`` rows (as ``torch.tensor_split``: sizes differ by at most 1;
+        empty for the last ranks when ``n`` is smaller than the number of ranks)."""
         return block(n, self.rank, self.world_size)
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:

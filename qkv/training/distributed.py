@@ -6,8 +6,10 @@ How a run is shared (the same for translation, GPT pretraining and fine-tuning):
 - **One batch, cut in rows.** Every rank draws the same batch from the same seeded stream and keeps its
   own block of rows (:meth:`qkv.parallel.Ranks.rows`): the recipe's batch is the batch of the whole run,
   on any number of ranks, and the ranks of one step together train on exactly what one process would.
-  A recipe's batch must give every rank at least one row (``train.batch_size`` must divide by the
-  ranks for a GPT, whose windows all weigh the same).
+  A GPT's or a fine-tuning recipe's batch must divide by the ranks (its windows or pairs weigh the
+  same, so every rank takes as many). A translation batch is a token budget, and one may hold fewer
+  pairs than there are ranks (the longest pairs, at the end of an epoch's length order): a rank
+  left without a pair computes a stand-in weighted 0, so the step is still one process's.
 - **Gradients averaged as one process would.** DDP averages the ranks' gradients; each rank's loss
   is scaled so that the average is the gradient of the whole batch's loss: a translation batch's
   loss is a mean over its target tokens, and the ranks hold different numbers of them, so each rank

@@ -280,7 +280,13 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         total_tokens = sum(b.tgt_tokens for b in batches)  # of the whole step, on every rank
         step_loss = torch.zeros(2, device=device)  # loss, nll: this rank's part of the step's mean
         for i, whole in enumerate(batches):
-            batch = whole.rows(ranks.rows(whole.size), tok.pad_id).to(device)
+            rows = ranks.rows(whole.size)
+            # A batch may hold fewer pairs than there are ranks (the last cut of an epoch's length
+            # order often does). A rank left without a pair still runs forward and backward, as DDP
+            # needs every rank to, on a stand-in (the batch's first pair) weighted 0: it adds nothing,
+            # and the step equals one process's.
+            own = rows.stop > rows.start
+            batch = whole.rows(rows if own else slice(0, 1), tok.pad_id).to(device)
             # All target positions at once (teacher forcing); the vocabulary projection only for the
             # real ones, not the padding.
             keep = batch.tgt_out != tok.pad_id  # (b, T)
@@ -289,7 +295,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                     logits = forward(batch.src, batch.tgt_in, keep=keep)  # (N, V)
                 out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing,
                                          ignore_index=tok.pad_id)
-                weight = batch.tgt_tokens / total_tokens
+                weight = batch.tgt_tokens / total_tokens if own else 0.0
                 runtime.backward(out.loss * (weight * ranks.world_size))
             step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * weight
         step_loss, step_nll = ranks.sum(step_loss)  # the step's mean over all its target tokens

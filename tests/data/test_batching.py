@@ -98,8 +98,9 @@ def test_rows_of_ranks_together_are_the_batch_with_less_padding():
         assert (batch.src[lo:lo + p.size, p.src.shape[1]:] == PAD).all()
         assert (p.src != PAD).sum(1).max() == p.src.shape[1]
         assert torch.equal(p.tgt_out, batch.tgt_out[lo:lo + p.size, :p.tgt_out.shape[1]])
-    with pytest.raises(ValueError, match="cannot be shared by 8 ranks"):
-        block(batch.size, 0, 8)
+    # Fewer rows than ranks: one row each for the first ranks, an empty block for the others.
+    assert [range(*block(batch.size, r, 8).indices(batch.size)) for r in range(8)] == \
+        [range(r, r + 1) for r in range(7)] + [range(7, 7)]
 
 
 def test_stream_reports_padding_of_what_it_yields():

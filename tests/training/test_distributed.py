@@ -8,7 +8,10 @@ Every recipe here states the batch of the whole run; 2 ranks each train on half 
 - a run killed under torchrun resumes under torchrun to the very weights of the uninterrupted run;
 - two torchrun launchers as two "nodes" (c10d rendezvous on 127.0.0.1) train what one launcher does;
 - a rank that dies, or hangs, stops the other with a message instead of leaving it waiting;
-- a batch that does not divide over the ranks is one clear error on every rank.
+- a translation batch of fewer pairs than ranks trains as one process does (a rank without a pair
+  computes a stand-in weighted 0);
+- a batch that does not divide over the ranks (a GPT's, whose windows weigh the same) is one clear
+  error on every rank.
 """
 
 from __future__ import annotations
@@ -153,6 +156,22 @@ train: {steps: 6, warmup: 2, peak_lr: 2.0e-3, adam_eps: 1.0e-6, eval_every: 3, e
     one, two = (json.loads((tmp_path / r / "results.json").read_text()) for r in ("one", "two"))
     assert one["final"] == two["final"]
     assert one["test"]["bleu"] == pytest.approx(two["test"]["bleu"], abs=1e-6)  # the sharded test translations
+
+
+def test_a_translation_batch_of_fewer_pairs_than_ranks_trains_as_one_process_does(tmp_path):
+    """A token budget below every pair's size gives each batch one pair (the last cut of an epoch's length
+    order can hold one pair at any budget): rank 1 has none of it, computes a stand-in weighted 0, and
+    the two ranks still train what one process does, with accumulation too."""
+    recipe = write_yaml(tmp_path / "mt.yaml", """
+model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 1, dropout: 0.0, max_len: 64}
+data: {corpus: demo, vocab_size: 150, max_tokens: 1, max_src_len: 40, max_tgt_len: 40, demo_train: 100,
+       demo_valid: 5, demo_test: 5}
+train: {steps: 4, accumulate: 2, warmup: 2, peak_lr: 2.0e-3, adam_eps: 1.0e-6, eval_every: 2, eval_bleu_sentences: 0,
+        log_every: 1, test_beam: 1, threads: 1}
+""")
+    assert main(["train", "mt", "--recipe", str(recipe), "--run", str(tmp_path / "one"), "--quiet"]) == 0
+    run_ranks(["train", "mt", "--recipe", str(recipe), "--run-dir", str(tmp_path / "two"), "--quiet"])
+    assert_same_run(tmp_path / "one", tmp_path / "two")
 
 
 def test_two_ranks_finetune_as_one_process_does(gpt, tmp_path):
