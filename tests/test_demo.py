@@ -182,7 +182,7 @@ def test_eval_mt_on_the_run_and_on_files(tiny_run, qkv_main, tmp_path, capsys):
     ref.write_text("Xiaoming is tired.\nShe wants to sleep.\n", encoding="utf-8")
     assert qkv_main(["eval", "mt", "--hyp", str(ref), "--ref", str(ref)]) == 0
     out = capsys.readouterr().out
-    assert "BLEU 100.00" in out and "chrF 100.00" in out
+    assert "BLEU 100.00" in out and "chrF 100.00" in out and "length ratio 1.000" in out
     short = tmp_path / "short.en"
     short.write_text("Xiaoming is tired.\n", encoding="utf-8")
     assert qkv_main(["eval", "mt", "--hyp", str(short), "--ref", str(ref)]) == 2

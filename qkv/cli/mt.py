@@ -230,7 +230,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
         print(json.dumps({"what": what, **result}, indent=2))
     else:
         print(f"{what}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  exact {result['exact']:.1%}  "
-              f"({result['sentences']} sentences)")
+              f"length ratio {result['length_ratio']:.3f}  ({result['sentences']} sentences)")
         print(f"  {result['bleu_signature']}")
     return 0
 

@@ -40,8 +40,11 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float | str | i
     """BLEU and chrF of line-aligned hypotheses and references, with sacreBLEU's signatures.
 
     Returns:
-        ``{"bleu", "chrf", "exact" (share of identical lines), "sentences", "bleu_signature",
-        "chrf_signature"}``.
+        ``{"bleu", "chrf", "exact" (share of identical lines), "sentences", "length_ratio" (the
+        hypotheses' tokens over the references', as BLEU counts them), "brevity_penalty" (BLEU's
+        factor for hypotheses shorter than the references: 1 when the ratio is >= 1, else
+        exp(1 - 1 / ratio)), "bleu_signature", "chrf_signature"}``. A model that translates too
+        short loses BLEU through the penalty alone, which the ratio tells apart from worse words.
     """
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -54,6 +57,8 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float | str | i
         "chrf": float(c.score),
         "exact": sum(h == r for h, r in zip(hyps, refs)) / len(refs),
         "sentences": len(refs),
+        "length_ratio": b.sys_len / b.ref_len if b.ref_len else 0.0,
+        "brevity_penalty": float(b.bp),
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
     }

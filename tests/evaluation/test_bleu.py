@@ -1,5 +1,7 @@
 """sacreBLEU BLEU and chrF: cased, 13a-tokenized, line-aligned inputs, errors that name the files."""
 
+import math
+
 import pytest
 
 from qkv.evaluation.bleu import corpus_bleu, corpus_chrf, score, score_files
@@ -37,6 +39,17 @@ def test_score_reports_signatures_and_exact_matches():
     assert s["sentences"] == 3
     assert "tok:13a" in s["bleu_signature"] and "case:mixed" in s["bleu_signature"]
     assert "nc:6" in s["chrf_signature"]
+    assert s["length_ratio"] == pytest.approx(17 / 20) and s["brevity_penalty"] < 1  # "Nope ." for 5 tokens
+
+
+def test_a_short_translation_loses_bleu_through_the_brevity_penalty_alone():
+    ref = ["a man in a blue shirt is riding a red bike down the street ."]
+    half = ["a man in a blue shirt is riding"]  # every n-gram right, half the length
+    s = score(half, ref)
+    assert s["length_ratio"] == pytest.approx(8 / 15)
+    assert s["brevity_penalty"] == pytest.approx(math.exp(1 - 15 / 8))
+    assert s["bleu"] == pytest.approx(100 * s["brevity_penalty"])  # precisions all 1
+    assert score(ref, ref)["brevity_penalty"] == 1.0
 
 
 def test_misaligned_inputs_are_errors(tmp_path):
