@@ -183,16 +183,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
-    """Two panels. Left: BLEU against perplexity, one point per row of ours (with its spread), labelled,
-    the base marked. Right: each variant's BLEU minus the base's, seed for seed (its spread over the
-    paired seeds), against the band of seed noise: two runs of the base recipe differ by about
+    """Three panels. Left: BLEU against perplexity, one point per row of ours (with its spread), labelled,
+    the base marked. Then each variant's BLEU and perplexity minus the base's, seed for seed (the spread
+    over the paired seeds), against the band of seed noise: two runs of the base recipe differ by about
     sqrt(2) times its seeds' standard deviation."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    fig = Figure(figsize=(15, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
-    ax, diff = fig.subplots(1, 2, width_ratios=(3, 2))
+    ax, *diffs = fig.subplots(1, 3, width_ratios=(3, 2, 2))
     colors = {"base": "black", "A": "tab:blue", "B": "tab:orange", "C": "tab:green", "D": "tab:red", "E": "tab:purple"}
     for r in rows:
         if "ppl" not in r:
@@ -208,18 +208,19 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
 
     paired = [r for r in rows if "bleu_delta" in r][::-1]  # the first row at the top
     base = next((r for r in rows if r["row"] == "base" and r.get("seeds", 0) > 1), None)
-    if base is not None:
-        noise = math.sqrt(2) * base["bleu_sd"]
-        diff.axvspan(-noise, noise, color="gray", alpha=0.2, label=f"seed noise (±{noise:.1f})")
-        diff.legend(loc="best", fontsize=7)
-    diff.axvline(0, color="black", linewidth=0.8)
-    for y, r in enumerate(paired):
-        diff.errorbar(r["bleu_delta"], y, xerr=r["bleu_delta_sd"] or None, fmt="o", capsize=3, markersize=4,
-                      color=colors.get(r["row"], "gray"))
-    diff.set_yticks(range(len(paired)), [f"{r['row']} {r['label']} ({r['paired']})" for r in paired], fontsize=7)
-    diff.set_xlabel("BLEU - base's, same seeds (n seeds paired)")
-    diff.set_title("Each change against the base, seed for seed")
-    diff.grid(True, axis="x", alpha=0.3)
+    for diff, key, name, digits in zip(diffs, ("bleu", "ppl"), ("BLEU", "perplexity"), (1, 2)):
+        if base is not None:
+            noise = math.sqrt(2) * base[f"{key}_sd"]
+            diff.axvspan(-noise, noise, color="gray", alpha=0.2, label=f"seed noise (±{noise:.{digits}f})")
+            diff.legend(loc="best", fontsize=7)
+        diff.axvline(0, color="black", linewidth=0.8)
+        for y, r in enumerate(paired):
+            diff.errorbar(r[f"{key}_delta"], y, xerr=r[f"{key}_delta_sd"] or None, fmt="o", capsize=3, markersize=4,
+                          color=colors.get(r["row"], "gray"))
+        diff.set_yticks(range(len(paired)), [f"{r['row']} {r['label']} ({r['paired']})" for r in paired], fontsize=7)
+        diff.set_xlabel(f"{name} - base's, same seeds (n seeds paired)")
+        diff.set_title(f"{name}, each change against the base", fontsize=10)
+        diff.grid(True, axis="x", alpha=0.3)
     with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     return Path(out_png)
