@@ -38,7 +38,7 @@ from qkv.data.batching import BatchStream, eval_batches
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
 from qkv.generation.api import Translator
-from qkv.io import autocast, evaluating, write_json, write_text
+from qkv.io import autocast, evaluating, model_device, write_json, write_text
 from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (
@@ -170,13 +170,15 @@ def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, dev
 
 
 def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = ALPHA,
-                        max_tokens: int = MAX_TOKENS, ranks: Ranks = SINGLE) -> tuple[dict[str, Any], list[str]]:
+                        max_tokens: int = MAX_TOKENS, ranks: Ranks = SINGLE,
+                        amp: torch.dtype | None = None) -> tuple[dict[str, Any], list[str]]:
     """Translate ``src`` and score it against ``ref`` with sacreBLEU; the model's train/eval mode is kept.
 
     With ``ranks``, each rank translates every ``world_size``-th sentence and every rank scores them all.
+    With ``amp``, the search runs under the run's autocast, as its training and validation loss do.
     """
     mine = [src[i] for i in ranks.share(len(src))]
-    with evaluating(model):
+    with evaluating(model), autocast(model_device(model), amp):
         hyps = Translator(model, tok, max_tokens=max_tokens).translate(mine, beam=beam, alpha=alpha, truncate=True)
     hyps = ranks.collect(hyps, len(src))
     return score(hyps, ref), hyps
@@ -261,7 +263,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)
         if sample:
             scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
-                                            tc.eval_beam, tc.test_alpha, d.max_tokens, ranks)
+                                            tc.eval_beam, tc.test_alpha, d.max_tokens, ranks, amp)
             values["bleu"], values["chrf"] = scores["bleu"], scores["chrf"]
         metrics.log(step, "valid", **values)
         return values
@@ -374,7 +376,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     if test_src:
         t0 = time.perf_counter()
         scores, hyps = translate_and_score(model, tok, test_src, test_tgt, tc.test_beam, tc.test_alpha, d.max_tokens,
-                                           ranks)
+                                           ranks, amp)
         if ranks.is_main:
             write_text(run_dir / f"{d.test}.hyp", "\n".join(hyps) + "\n")
         metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=tc.test_beam)

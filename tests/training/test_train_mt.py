@@ -13,7 +13,7 @@ from qkv.generation.api import Translator
 from qkv.weights import load_weights
 from qkv.training.logging import read_metrics
 from qkv.training.schedules import noam_lr
-from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, load_train_config, train
+from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, load_train_config, train, translate_and_score
 
 TINY = MTRecipe(
     model=ModelConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.1, max_len=64),
@@ -105,6 +105,20 @@ def test_translator_loads_the_run(straight):
     assert len(out) == 5 and out[1] == ""
     assert out == [translator.translate(t, beam=2) for t in texts]  # a batch = one by one
     assert isinstance(translator.translate("小红很忙。", beam=1), str)
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_validation_bleu_decodes_under_the_runs_autocast(straight, amp):
+    """On a GPU a run trains and scores its loss in bf16; its BLEU's beam search runs in bf16 too (here on the
+    CPU's autocast, which has the same switch), and an fp32 run's search stays fp32."""
+    run, _ = straight
+    translator = Translator.from_run(run, device="cpu")
+    seen = []
+    translator.model.generator.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    src = ["小明饿了，他想吃饭。", "小红很忙，她想回家。"]
+    scores, hyps = translate_and_score(translator.model, translator.tokenizer, src, ["x", "y"], beam=2, amp=amp)
+    assert len(hyps) == 2 and 0.0 <= scores["bleu"] <= 100.0
+    assert seen and set(seen) == {amp or torch.float32}
 
 
 def test_fresh_run_refuses_to_overwrite(straight):
