@@ -84,7 +84,16 @@ def test_the_grid_mirrors_the_paper_and_a_bad_row_is_one_line(capsys):
     assert len(grid) == 39 and len({v.name for v in grid}) == 39
     assert all(v.tags["paper"] is None or v.tags["paper"] in table3.PAPER for v in grid)
     assert main(["experiment", "table3", "--rows", "Z"]) == 2
-    assert "--rows: unknown ['Z']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--rows: unknown ['Z']" in err and "D_P_drop00" in err  # the single changes are named too
+
+
+def test_single_changes_are_picked_by_name_beside_whole_rows():
+    picked = table3.variants(["base", "D_P_drop00", "E"], max_seeds=1)
+    assert [v.name for v in picked] == ["base_seed1", "D_P_drop00_seed1", "E_learned_seed1", "E_RoPE_seed1",
+                                        "E_none_seed1"]
+    assert picked[1].overrides == ("model.dropout=0.0", "train.seed=1")
+    assert {v.name for v in table3.variants()} >= {v.name for v in picked}  # the same names as the whole grid
 
 
 def test_each_variant_is_compared_with_the_base_seed_for_seed():

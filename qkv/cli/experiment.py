@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"each variant's JSON result, the table and the plot (default {RESULTS_DEFAULT})")
     p.add_argument("--steps", type=positive_int, default=table3.STEPS,
                    help=f"training steps of every variant (default {table3.STEPS})")
-    p.add_argument("--rows", help="only these rows, e.g. base,A,E (default: all)")
+    p.add_argument("--rows", help="only these rows or single changes, e.g. base,A,E or base,D_P_drop00 "
+                                   "(default: all)")
     p.add_argument("--seeds", type=positive_int, help="at most this many seeds per variant (default: 3 where the "
                                                       "paper's differences are small, else 1)")
     p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
@@ -62,8 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_table3(args: argparse.Namespace) -> int:
     rows = [r.strip() for r in args.rows.split(",")] if args.rows else None
     known = {row for row, *_ in table3.ROWS}
-    if rows and not set(rows) <= known:
-        raise ValueError(f"--rows: unknown {sorted(set(rows) - known)}; the rows are {sorted(known)}")
+    changes = {table3.stem(row, label) for row, label, *_ in table3.ROWS} - known
+    if rows and not set(rows) <= known | changes:
+        raise ValueError(f"--rows: unknown {sorted(set(rows) - known - changes)}; the rows are {sorted(known)}, "
+                         f"single changes {sorted(changes)}")
     grid = table3.variants(rows, args.seeds)
     if not args.report:
         if grid:  # the overrides checked before any training (a typo fails now, not in an hour)

@@ -88,15 +88,20 @@ ROWS: list[tuple[str, str, tuple[str, ...], str | None, Sequence[int]]] = [
 ]
 
 
+def stem(row: str, label: str) -> str:
+    """A variant's name without its seed, as its files are named: ``base``, ``A_h1``, ``D_P_drop00``."""
+    return row if label == row else f"{row}_{label}".replace("=", "").replace(".", "")
+
+
 def variants(rows: Sequence[str] | None = None, max_seeds: int | None = None) -> list[Variant]:
-    """The grid, base first, then row by row; ``rows`` keeps some of them (``["base", "A"]``)."""
+    """The grid, base first, then row by row; ``rows`` keeps some of them, whole rows or single changes by
+    their names (``["base", "A", "D_P_drop00"]``)."""
     out = []
     for row, label, overrides, paper, seeds in ROWS:
-        if rows and row not in rows:
+        if rows and row not in rows and stem(row, label) not in rows:
             continue
-        stem = row if label == row else f"{row}_{label}".replace("=", "").replace(".", "")  # a file name
         for seed in list(seeds)[:max_seeds]:
-            out.append(Variant(name=f"{stem}_seed{seed}", row=row, label=label,
+            out.append(Variant(name=f"{stem(row, label)}_seed{seed}", row=row, label=label,
                                overrides=(*overrides, f"train.seed={seed}"), seed=seed, tags={"paper": paper}))
     return out
 
