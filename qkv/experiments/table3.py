@@ -248,5 +248,5 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     return [md]
 
 
-__all__ = ["BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "variants", "recipe_of", "train_and_score", "table",
+__all__ = ["BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "table",
            "markdown", "plot", "write_report", "base_overrides"]
