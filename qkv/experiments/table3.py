@@ -31,6 +31,11 @@ BASE_RECIPE = "multi30k_de_en"
 STEPS = 600
 SEEDS = (1, 2, 3)  # for the base and rows (A) and (E), where the paper's differences are small
 
+# The plot's ticks: perplexities on its log axis, differences from the base on the symmetric-log ones.
+PPL_TICKS = (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 30, 40, 60, 100)
+DELTA_TICKS = (-100, -30, -10, -3, -1, 0, 1, 3, 10, 30, 100)  # even steps on a log scale
+
+
 def base_overrides(steps: int) -> list[str]:
     """What turns the shipped recipe into the grid's base: a fixed step budget with no time limit (half of
     it warmup, as the 20-minute Multi30K run that reached 32 BLEU), no checkpoint averaging, the paper's
@@ -194,6 +199,7 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
     sqrt(2) times its seeds' standard deviation."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig = Figure(figsize=(15, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
@@ -206,13 +212,20 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
                     color=colors.get(r["row"], "gray"), capsize=3, markersize=6 if r["row"] == "base" else 4)
         ax.annotate(f"{r['row']} {r['label']}" if r["row"] != "base" else "base", (r["ppl"], r["bleu"]),
                     textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.set_xlabel("validation perplexity (per BPE token; lower is better)")
+    ax.set_xscale("log")  # log perplexity is the loss: equal steps are equal ratios, and outliers stay on the page
+    ppls = [r["ppl"] for r in rows if "ppl" in r]
+    ax.set_xticks([t for t in PPL_TICKS if min(ppls) / 1.2 <= t <= max(ppls) * 1.2], minor=False)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("validation perplexity (per BPE token, log scale; lower is better)")
     ax.set_ylabel("validation BLEU, beam 4 (higher is better)")
     ax.set_title("Table 3 at small scale: Multi30K de->en, every variant the same steps")
     ax.grid(True, alpha=0.3)
 
     paired = [r for r in rows if "bleu_delta" in r][::-1]  # the first row at the top
     base = next((r for r in rows if r["row"] == "base" and r.get("seeds", 0) > 1), None)
+    # Linear within +-1 (where the seed noise and the small changes lie), logarithmic beyond, so that one
+    # variant far off (row (C)'s N=6 loses 19 BLEU) does not flatten the others against zero.
     for diff, key, name, digits in zip(diffs, ("bleu", "ppl"), ("BLEU", "perplexity"), (1, 2)):
         if base is not None:
             noise = math.sqrt(2) * base[f"{key}_sd"]
@@ -223,7 +236,13 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
             diff.errorbar(r[f"{key}_delta"], y, xerr=r[f"{key}_delta_sd"] or None, fmt="o", capsize=3, markersize=4,
                           color=colors.get(r["row"], "gray"))
         diff.set_yticks(range(len(paired)), [f"{r['row']} {r['label']} ({r['paired']})" for r in paired], fontsize=7)
-        diff.set_xlabel(f"{name} - base's, same seeds (n seeds paired)")
+        diff.set_xscale("symlog", linthresh=1.0)
+        deltas = [r[f"{key}_delta"] for r in paired] or [0.0]
+        ticks = [t for t in DELTA_TICKS if abs(t) <= 1 or min(deltas) * 1.5 <= t <= max(deltas) * 1.5]
+        diff.set_xticks(ticks, [f"{t:+g}" if t else "0" for t in ticks])
+        diff.xaxis.set_minor_formatter(NullFormatter())
+        diff.margins(x=0.06)
+        diff.set_xlabel(f"{name} - base's, same seeds (n paired); log beyond ±1")
         diff.set_title(f"{name}, each change against the base", fontsize=10)
         diff.grid(True, axis="x", alpha=0.3)
     with atomic_path(out_png) as tmp, as_os_error(tmp):
