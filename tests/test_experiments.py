@@ -28,6 +28,7 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     assert found == ["B_d_k16_seed1.json", "B_d_k32_seed1.json", "base_seed1.json"], found
     row = json.loads((results / "B_d_k16_seed1.json").read_text())
     assert row["overrides"] == ["model.d_k=16", "train.seed=1"] and row["steps"] == 4
+    assert row["base_changes"] == TINY and row["length_ratio"] > 0  # how the grid changed its base, recorded
     assert 0 <= row["bleu"] <= 100 and row["ppl"] > 1 and row["parameters"] > 0
     base = json.loads((results / "base_seed1.json").read_text())
     assert row["parameters"] != base["parameters"]  # d_k 16 of d_model 16 over 2 heads: bigger keys

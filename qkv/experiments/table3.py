@@ -130,7 +130,9 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
     return {"steps": summary["steps"], "train_seconds": summary["train_seconds"],
             "parameters": summary["parameters"], "nll": nll, "ppl": math.exp(nll),
             "bleu": summary["test"]["bleu"], "chrf": summary["test"]["chrf"], "weights": chosen,
-            "bleu_signature": summary["test"].get("bleu_signature")}
+            "bleu_signature": summary["test"].get("bleu_signature"),
+            "length_ratio": summary["test"].get("length_ratio"),
+            "base_changes": list(extra)}  # the grid's own changes to the base (``model.norm=pre``), if any
 
 
 def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
