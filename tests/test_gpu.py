@@ -24,6 +24,7 @@ from qkv.models.gpt import GPT
 from qkv.models.transformer import Transformer
 from qkv.modules.attention import scaled_dot_product_attention
 from qkv.training.lm_run import LMRecipe
+from qkv.training.logging import read_metrics
 from qkv.training.train_lm import train_lm
 from qkv.training.train_mt import MTRecipe
 from qkv.training.train_mt import train as train_mt
@@ -115,14 +116,13 @@ def test_bf16_translation_training_learns_and_scores_its_bleu_in_bf16(tmp_path):
     behind validation and test BLEU (which runs without a traceback and writes its hypotheses)."""
     recipe = from_dict(MTRecipe, {
         "model": {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2, "dropout": 0.0, "max_len": 64},
-        "data": {"corpus": "demo", "vocab_size": 200, "max_tokens": 600, "demo_train": 400, "demo_valid": 16, "max_src_len": 40, "max_tgt_len": 40,
-                 "demo_test": 8},
+        "data": {"corpus": "demo", "vocab_size": 200, "max_tokens": 600, "max_src_len": 40, "max_tgt_len": 40,
+                 "demo_train": 400, "demo_valid": 16, "demo_test": 8},
         "train": {"steps": 60, "warmup": 10, "peak_lr": 3e-3, "eval_every": 30, "eval_bleu_sentences": 8,
                   "device": "cuda", "test_beam": 2, "log_every": 5},
     })
     summary = train_mt(recipe, tmp_path / "run", quiet=True)
-    losses = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    train = [r["loss"] for r in losses if r["split"] == "train"]
+    train = [r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert train[-1] < 0.7 * train[0]
     assert 0.0 <= summary["test"]["bleu"] <= 100.0 and summary["test"]["sentences"] == 8
     assert (tmp_path / "run" / "test.hyp").read_text(encoding="utf-8").count("\n") == 8

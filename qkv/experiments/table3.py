@@ -216,7 +216,7 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
                     textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")  # log perplexity is the loss: equal steps are equal ratios, and outliers stay on the page
     ppls = [r["ppl"] for r in rows if "ppl" in r]
-    ax.set_xticks([t for t in PPL_TICKS if min(ppls) / 1.2 <= t <= max(ppls) * 1.2], minor=False)
+    ax.set_xticks([t for t in PPL_TICKS if min(ppls) / 1.2 <= t <= max(ppls) * 1.2])
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("validation perplexity (per BPE token, log scale; lower is better)")
