@@ -5,8 +5,9 @@ weights, eval mode; 16 sources of 18-22 tokens decoded together with beam 4, 30 
 (qkv: a 30-token limit, where it forces the end token; HF: min_new_tokens = max_new_tokens = 30; with
 random weights the end token is as rare as any other of the 8,000, so both run all 30 steps), length
 penalty 0.6 for all. Sentences per second, medians of fresh alternating processes. ``qkv`` chooses
-each product's kernel by measuring it; ``qkv-aten`` and ``qkv-onednn`` force one kernel everywhere
-(what the choice is worth); ``qkv-int8`` decodes with ``--quantize int8``. CTranslate2 4.8.5 on the
+each product's kernel by measuring it; ``qkv-aten``, ``qkv-transposed``, ``qkv-onednn`` and
+``qkv-mkl`` force one kernel everywhere (what the choice is worth); ``qkv-int8`` decodes with
+``--quantize int8``. CTranslate2 4.8.5 on the
 same weights (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8
 compute type), given the same threads as torch. ``--size base`` is the paper's base model (512 x 6+6,
 8 heads, d_ff 2048) with a 32k vocabulary, where the products weigh more than the overhead of a step.
@@ -113,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="timed decodes per process")
-    ap.add_argument("--impls", default="qkv,marian,ct2,qkv-int8,ct2-int8,qkv-aten,qkv-onednn")
+    ap.add_argument("--impls", default="qkv,marian,ct2,qkv-int8,ct2-int8,qkv-aten,qkv-transposed,qkv-onednn,qkv-mkl")
     ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--out", default="bench/results/beam_mt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -54,7 +54,7 @@ def linear_backend_for(impl: str) -> str:
     ``qkv`` chooses each product's kernel by measuring it (qkv.generation.kernels); ``qkv-aten`` is qkv
     with its linear maps on PyTorch's default kernels (``F.linear``) everywhere, ``qkv-transposed`` on
     ``F.linear`` with every weight's memory laid out (in, out), ``qkv-onednn`` on oneDNN's packed
-    weights: run beside ``qkv``, they show what the choice is worth.
+    weights, ``qkv-mkl`` on MKL's packed GEMM: run beside ``qkv``, they show what the choice is worth.
     """
     from qkv.generation import kernels
 

@@ -3,8 +3,8 @@
 The nanoGPT shakespeare-char config (6 layers, 6 heads, d_model 384, context 256, vocab 65) with random
 weights, a 16-token prompt, 200 new tokens, greedy (both forced to produce all 200: no end token), at
 batch 1 and batch 8; qkv with and without its cache, and with each of its product kernels forced
-everywhere instead of measured per shape (``qkv-aten``, ``qkv-transposed``, ``qkv-onednn``: what the
-choice is worth), and at batch 1 with its
+everywhere instead of measured per shape (``qkv-aten``, ``qkv-transposed``, ``qkv-onednn``,
+``qkv-mkl``: what the choice is worth), and at batch 1 with its
 step compiled by torch.compile (``qkv-compile``; the compile is the untimed first call, whose time is
 recorded as ``first_call_s``; larger batches run eagerly under compile=True), against HF compiled the
 same way as HF documents it (``hf-compile``: a static cache and a compiled forward); ``qkv-int8``
@@ -114,7 +114,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds of fresh processes")
     ap.add_argument("--reps", type=int, default=3, help="timed generations per process")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--impls", default="qkv,hf,ct2,qkv-compile,qkv-int8,ct2-int8,hf-compile,qkv-aten,qkv-onednn,"
+    ap.add_argument("--impls", default="qkv,hf,ct2,qkv-compile,qkv-int8,ct2-int8,hf-compile,qkv-aten,qkv-transposed,"
+                                        "qkv-onednn,qkv-mkl,"
                                         "qkv-nocache,floor")
     ap.add_argument("--out", default="bench/results/generate_gpt.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

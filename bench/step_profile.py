@@ -24,7 +24,7 @@ from common import time_steps, write_result  # noqa: E402
 from generate_gpt import VOCAB, hf_gpt  # noqa: E402
 
 PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear_pointwise",
-            "quantized::linear_dynamic")
+            "quantized::linear_dynamic", "mkl::_mkl_linear")
 
 
 def profile_steps(step, steps: int, per_call: int = 1) -> dict:

@@ -7,18 +7,21 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
 
 - :func:`decoding`: the caches, and the weights of the products every step runs laid out for the
   kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS)
-  with the weight as ``nn.Linear`` keeps it, (out, in). Two other layouts can beat it: the weight's
+  with the weight as ``nn.Linear`` keeps it, (out, in). Three other layouts can beat it: the weight's
   memory laid out (in, out) (:func:`transpose_weight`, "transposed": 1.65x faster than the default
-  for one-row products of 384 inputs to 1,536 outputs on an AMD EPYC, 0.6x for 1,536 to 384), and oneDNN's packed
-  weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD EPYC and
-  at half of it on an Intel Xeon (docs/BENCHMARKS.md). So no kernel is assumed: :func:`choose` times
-  each on each product's shape (rows, in, out) the first time it is needed on a machine, and keeps the
-  winner in the user cache (``kernels.json``, keyed by CPU model, torch version and thread count).
-  ``pack_weights`` then lays out each linear map a step runs (:func:`step_linears`) where another
-  kernel than the default won: its weight's memory transposed, or its ``forward`` replaced by oneDNN's
-  (which takes ``F.linear`` for products it does not hold for: a prompt's prefill, other row counts,
-  autograd, a weight changed since). The results are
-  ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
+  for one-row products of 384 inputs to 1,536 outputs on an AMD EPYC, 0.6x for 1,536 to 384); oneDNN's
+  packed weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD
+  EPYC and at half of it on an Intel Xeon (docs/BENCHMARKS.md); and MKL's own packed weights
+  (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on x86, which PyTorch reaches as
+  ``torch.ops.mkl._mkl_linear``): 1.3x the default for the 8-row products of a GPT step on an Intel
+  Xeon. So no kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the
+  first time a shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
+  cache (``kernels.json``, keyed by the CPU, torch version and thread count). ``pack_weights`` then
+  lays out each linear map a step runs (:func:`step_linears`) where another kernel than the default
+  won: its weight's memory transposed, or its ``forward`` replaced by a packed kernel's (which takes
+  ``F.linear`` for products it does not hold for: a prompt's prefill, other row counts, autograd, a
+  weight changed since). The results are ``F.linear``'s up to fp32 rounding (another summation
+  order), whichever is chosen.
 - :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
   (qkv.generation.compiled).
 
@@ -26,21 +29,22 @@ Where no weight is laid out anew: training (oneDNN builds a kernel for every new
 batches of real tokens change it at every step: translation training got slower and 40% larger in
 memory, docs/BENCHMARKS.md; and a copy of a weight is stale after every optimizer step), anything that
 is not fp32 on a CPU (GPUs, bf16, autocast), and ``QKV_LINEAR=aten`` in the environment.
-``QKV_LINEAR=transposed`` or ``onednn`` lays every step's weights out for that kernel without
-measuring (``onednn`` only where this PyTorch has it); the default, ``auto``, measures.
+``QKV_LINEAR=transposed``, ``mkl`` or ``onednn`` lays every step's weights out for that kernel without
+measuring (a packed kernel only where this PyTorch has it); the default, ``auto``, measures.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +53,16 @@ from torch import Tensor, nn
 from qkv.io import user_cache, write_json
 from qkv.models import GPT, Transformer
 
-# oneDNN's fused linear, the op torch.compile's CPU backend emits for frozen linear layers. It is a
-# private op of the pinned torch; ``available()`` checks it once and everything falls back without it.
+# The packed kernels are the ops torch.compile's CPU backend emits for frozen linear layers: oneDNN's
+# fused linear, and MKL's GEMM on a weight packed by cblas_sgemm_pack. They are private ops of the
+# pinned torch; ``available()`` checks each once and everything falls back without them.
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-KERNELS = ("aten", "transposed", "onednn")  # F.linear on (out, in) memory, on (in, out) memory, oneDNN packed
+_mkl_linear = getattr(torch.ops.mkl, "_mkl_linear", None)
+_mkl_pack = getattr(torch.ops.mkl, "_mkl_reorder_linear_weight", None)
+# F.linear on (out, in) memory, on (in, out) memory, MKL packed, oneDNN packed: the order of preference
+# where timings are close (see CLOSE)
+KERNELS = ("aten", "transposed", "mkl", "onednn")
+PACKED = ("mkl", "onednn")  # the kernels that replace a linear map's forward with a PackedLinear
 _BACKENDS = ("auto", *KERNELS)
 _backend = os.environ.get("QKV_LINEAR", "auto")
 if _backend not in _BACKENDS:
@@ -61,7 +71,7 @@ if _backend not in _BACKENDS:
 
 def set_backend(name: str) -> None:
     """``"auto"`` (the default: the fastest kernel for each shape, measured), or one of :data:`KERNELS`
-    everywhere (``"onednn"`` wherever oneDNN runs), e.g. to compare them."""
+    everywhere (a packed kernel wherever this PyTorch runs it), e.g. to compare them."""
     global _backend
     if name not in _BACKENDS:
         raise ValueError(f"unknown linear backend {name!r}; expected one of {', '.join(_BACKENDS)}")
@@ -70,24 +80,35 @@ def set_backend(name: str) -> None:
 
 def backend() -> str:
     """How fp32 CPU products of decoding choose their kernel now: ``"auto"`` or one of :data:`KERNELS`."""
-    return "aten" if _backend == "onednn" and not available() else _backend
+    return "aten" if _backend in PACKED and not available(_backend) else _backend
 
 
-_available: bool | None = None
+@functools.cache
+def available(kernel: str = "onednn") -> bool:
+    """Whether this torch runs a packed kernel: ``"onednn"`` (a build with mkldnn, x86 or ARM) or
+    ``"mkl"`` (an x86 build with MKL). Checked once, on a product whose result is known."""
+    if kernel == "onednn" and not (_onednn_linear is not None and torch.backends.mkldnn.is_available()):
+        return False
+    if kernel == "mkl" and not (_mkl_linear is not None and _mkl_pack is not None
+                                and torch.backends.mkl.is_available()):
+        return False
+    try:
+        x, w = torch.ones(2, 3), torch.ones(4, 3)
+        return bool(torch.equal(_packed_product(kernel, w, 2)(x, None), F.linear(x, w)))
+    except RuntimeError:
+        return False
 
 
-def available() -> bool:
-    """Whether this torch can run oneDNN's linear (an x86 or ARM build with mkldnn)."""
-    global _available
-    if _available is None:
-        _available = False
-        if _onednn_linear is not None and torch.backends.mkldnn.is_available():
-            try:
-                x, w = torch.ones(2, 3), torch.ones(4, 3)
-                _available = bool(torch.equal(_onednn_linear(x, w, None, "none", [], ""), F.linear(x, w)))
-            except RuntimeError:
-                pass
-    return _available
+def _packed_product(kernel: str, weight: Tensor, rows: int) -> Callable[[Tensor, Tensor | None], Tensor]:
+    """``f(x, bias)``: the product of ``rows``-row inputs with ``weight`` (out, in), packed for ``kernel``.
+
+    oneDNN's op runs any row count on its packing; MKL's runs the packed GEMM for ``rows`` rows and
+    ``F.linear`` on the weight it is given for any other."""
+    if kernel == "onednn":
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        return lambda x, bias: _onednn_linear(x, packed, bias, "none", [], "")
+    packed = _mkl_pack(weight, rows)
+    return lambda x, bias: _mkl_linear(x, packed, weight, bias, rows)
 
 
 def _lays_out(weight: Tensor) -> bool:
@@ -101,17 +122,25 @@ def _lays_out(weight: Tensor) -> bool:
 
 
 def _kernels() -> tuple[str, ...]:
-    """The kernels this PyTorch can run: :data:`KERNELS`, less oneDNN where it is missing."""
-    return KERNELS if available() else KERNELS[:2]
+    """The kernels this PyTorch can run: :data:`KERNELS`, less the packed ones it lacks."""
+    return tuple(k for k in KERNELS if k not in PACKED or available(k))
 
 
 # ----------------------------------------------------------------------------------------------
 # The kernel of each product, measured on the machine at hand.
 
 CACHE_ENV = "QKV_KERNEL_CACHE"  # the file of measured choices, instead of the user cache's
-ROUNDS = 3  # alternating timings of the kernels per shape; the median decides
-ROUND_SECONDS = 2e-3  # each timing repeats the products for about this long
-STREAM_BYTES = 24 << 20  # the weights one timing reads, more than most CPUs' caches hold
+ROUNDS = 5  # alternating timings of the kernels per shape; the median decides
+ROUND_SECONDS = 25e-3  # each timing repeats the step's products for about this long
+# Another kernel than F.linear is chosen where it takes at most this fraction of F.linear's time. Laying
+# a weight out anew costs what the timing does not see (a copy made for every generation, a second copy
+# in memory), and on a shared machine timings of a few percent apart swap places from one measurement
+# to the next: a kernel within 10% of F.linear is not worth its copy.
+MARGIN = 0.9
+# Of kernels timed within this fraction of the fastest, the first in KERNELS' order is chosen. Timings
+# of a step's products alone flatter oneDNN: on an Intel Xeon it timed 3-7% behind MKL's packed GEMM,
+# and ran the 8-row GPT step 22% slower than it (5.63 against 4.63 ms).
+CLOSE = 0.05
 
 _choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> one of KERNELS, read or measured
 
@@ -121,21 +150,41 @@ def cache_path() -> Path:
     return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache("kernels.json")
 
 
-@functools.cache
-def _cpu_model() -> str:
-    model = platform.processor() or platform.machine()
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo"),
+                 caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> str:
+    """The CPU's name and what tells apart the CPUs one name can cover: family, model and stepping, and the
+    sizes of its L2 and L3 caches (Linux's files; elsewhere the name alone).
+
+    A virtual machine may report a generic name ("Intel(R) Xeon(R) Processor", as the development
+    machines of this project do), which covers CPUs whose fastest kernels differ: the same products
+    stream from a 480 MB L3 on one and from memory on another.
+    """
+    name, ids = platform.processor() or platform.machine(), []
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+        with open(cpuinfo, encoding="utf-8") as f:  # the first processor's block
+            fields = dict(line.split(":", 1) for line in itertools.takewhile(str.strip, f) if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        name = fields.get("model name", name)
+        ids = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields]
     except OSError:
         pass
-    return model
+    sizes: dict[str, str] = {}  # cache level -> size
+    try:
+        for index in sorted(caches.glob("index*")):
+            sizes[index.joinpath("level").read_text().strip()] = index.joinpath("size").read_text().strip()
+    except OSError:
+        pass
+    ids += [f"L{level} {sizes[level]}" for level in ("2", "3") if level in sizes]
+    return f"{name} ({', '.join(ids)})" if ids else name
+
+
+_cpu = functools.cache(cpu_identity)
 
 
 def machine() -> str:
-    """What a choice holds for: the CPU model, the torch version, the thread count and the kernels it was
-    chosen among (a choice made before a kernel was added is measured again)."""
-    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {' '.join(_kernels())}"
+    """What a choice holds for: the CPU (:func:`cpu_identity`), the torch version, the thread count and the
+    kernels it was chosen among (a choice made before a kernel was added is measured again)."""
+    return f"{_cpu()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {' '.join(_kernels())}"
 
 
 def _read_cache() -> dict:
@@ -153,69 +202,78 @@ def _machine_choices(key: str) -> dict[str, str]:
     return _choices[key]
 
 
-def _seconds_per_call(run: Callable[[], object], reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        run()
-    return (time.perf_counter() - t0) / reps
+def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, float]]:
+    """Seconds per ``rows``-row product of each shape among ``linears`` (``"in,out"``), for each kernel
+    this PyTorch runs (:func:`_kernels`): ``F.linear`` on the weight as ``nn.Linear`` keeps it ("aten")
+    and on the same values laid out (in, out) in memory ("transposed", :func:`transpose_weight`), and
+    oneDNN's and MKL's packed weights.
 
-
-def measure(rows: int, in_features: int, out_features: int) -> dict[str, float]:
-    """Seconds per ``rows``-row product with an (out, in) fp32 weight, for each kernel this PyTorch runs
-    (:func:`_kernels`): ``F.linear`` on the weight as ``nn.Linear`` keeps it ("aten") and on the same
-    values laid out (in, out) in memory ("transposed", :func:`transpose_weight`), and oneDNN's packed
-    weight.
-
-    A decoding step streams every weight from memory once, so where one product is quick the timing
-    cycles through copies of random weights that together outgrow the CPU's caches
-    (:data:`STREAM_BYTES`) instead of multiplying one weight that stays in them. The kernels
-    alternate for :data:`ROUNDS` rounds of about :data:`ROUND_SECONDS` each (or one product, if that
-    is longer); medians.
+    Timed as a decoding step runs them: ``linears`` are the step's own linear maps (:func:`step_linears`),
+    laid out for one kernel at a time (:func:`lay_out`) and called in turn on random inputs, each call
+    timed; a shape's time is the sum over its maps, so a step's share of each is what decides. The
+    step's own weights, in the step's order, are what a step streams through the caches: timings of
+    one shape alone, on copies of random weights, chose kernels that made the steps of an Intel Xeon
+    slower (the batch-1 GPT step 9%, beam search at the base size 14%; docs/BENCHMARKS.md). The kernels
+    alternate for :data:`ROUNDS` rounds, each of about :data:`ROUND_SECONDS` after an untimed pass
+    (the step finds its weights where the last one left them); medians. The rounds are long because
+    short ones mislead: the transposed and packed kernels reach their speed only after milliseconds
+    of running (timed for 2 ms, that Xeon's 8-row products chose ``F.linear``, which those beat by
+    1.4-1.9x). The maps are left as they were.
     """
     g = torch.Generator().manual_seed(0)
-    x = torch.empty(rows, in_features).uniform_(-1, 1, generator=g)
+    xs = {n: torch.empty(rows, 1, n).uniform_(-1, 1, generator=g) for n in {m.in_features for m in linears}}
+    shapes = [f"{m.in_features},{m.out_features}" for m in linears]
+    times: dict[str, dict[str, list[float]]] = {kernel: {shape: [] for shape in shapes} for kernel in _kernels()}
 
-    def weights(n: int) -> list[Tensor]:
-        return [torch.empty(out_features, in_features).uniform_(-1, 1, generator=g) for _ in range(n)]
+    def sweep(total: dict[str, float]) -> None:
+        for m, shape in zip(linears, shapes):
+            t0 = time.perf_counter()
+            m(xs[m.in_features])
+            total[shape] += time.perf_counter() - t0
 
-    def layouts(w: list[Tensor]) -> dict[str, Callable[[], object]]:
-        laid = {"aten": w, "transposed": [m.t().contiguous().t() for m in w]}  # (out, in) memory, (in, out) memory
-        runs: dict[str, Callable[[], object]] = {"aten": lambda: [F.linear(x, m) for m in laid["aten"]],
-                                                 "transposed": lambda: [F.linear(x, m) for m in laid["transposed"]]}
-        if "onednn" in _kernels():
-            laid["onednn"] = [torch.ops.mkldnn._reorder_linear_weight(m, rows) for m in w]
-            runs["onednn"] = lambda: [_onednn_linear(x, m, None, "none", [], "") for m in laid["onednn"]]
-        return runs
-
-    with torch.inference_mode():
-        w = weights(1)
-        once = max(_seconds_per_call(run, 2) for run in layouts(w).values())  # warm: oneDNN builds its kernel here
-        copies = max(1, min(STREAM_BYTES // (4 * in_features * out_features), int(ROUND_SECONDS / max(once, 1e-7))))
-        kernels = layouts(w + weights(copies - 1))
-        reps = max(1, int(ROUND_SECONDS / max(once * copies, 1e-7)))
-        times: dict[str, list[float]] = {name: [] for name in kernels}
+    with torch.no_grad():
         for _ in range(ROUNDS):
-            for name, run in kernels.items():
-                times[name].append(_seconds_per_call(run, reps) / copies)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            for kernel, by_shape in times.items():
+                for m in linears:
+                    lay_out(m, kernel, rows)
+                try:
+                    t0 = time.perf_counter()
+                    sweep(dict.fromkeys(shapes, 0.0))  # untimed (and oneDNN builds its kernels)
+                    reps = max(1, int(ROUND_SECONDS / max(time.perf_counter() - t0, 1e-7)))
+                    total = dict.fromkeys(shapes, 0.0)
+                    for _ in range(reps):
+                        sweep(total)
+                finally:
+                    for m in linears:
+                        restore(m)
+                for shape, seconds in total.items():
+                    by_shape[shape].append(seconds / reps)
+    return {shape: {kernel: statistics.median(by_shape[shape]) for kernel, by_shape in times.items()}
+            for shape in dict.fromkeys(shapes)}
 
 
-def choose(rows: int, in_features: int, out_features: int) -> str:
-    """The kernel of fp32 ``rows``-row products with an (out, in) weight on this machine, one of :data:`KERNELS`.
+def choose(linears: Sequence[nn.Linear], rows: int) -> list[str]:
+    """The kernel of each of ``linears``' fp32 ``rows``-row products on this machine, each one of :data:`KERNELS`.
 
-    ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first call for a shape measures
-    them (:func:`measure`, a few tenths of a second; the row count rounded up to a power of two, so
-    that a test set's batches of every size need a few measurements) and the choice is kept, in
-    memory and in :func:`cache_path`, for every later process on the same CPU model, torch and
-    thread count.
+    ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first time a shape is needed
+    they are measured (:func:`measure`, all of ``linears`` together, about half a second for each
+    kernel; the row count rounded up to a power of two, so that a test set's batches of every size
+    need a few measurements) and the choice is kept for each shape, in memory and in
+    :func:`cache_path`, for every later process on the same CPU (:func:`cpu_identity`), torch and
+    thread count. Another kernel than ``F.linear`` is chosen only where it takes at most
+    :data:`MARGIN` of its time, and of kernels :data:`CLOSE` to the fastest the first in the order of
+    :data:`KERNELS` (see there).
     """
     if _backend != "auto":
-        return backend()
+        return [backend()] * len(linears)
     here, bucket = machine(), 1 << max(0, rows - 1).bit_length()  # rows rounded up to a power of two
-    choices, shape = _machine_choices(here), f"{bucket},{in_features},{out_features}"
-    if shape not in choices:
-        seconds = measure(bucket, in_features, out_features)
-        choices[shape] = min(seconds, key=seconds.__getitem__)
+    choices = _machine_choices(here)
+    keys = [f"{bucket},{m.in_features},{m.out_features}" for m in linears]
+    if any(key not in choices for key in keys):
+        for shape, seconds in measure(linears, bucket).items():  # the whole step: its working set
+            fastest = min(seconds.values())
+            kernel = next(k for k in KERNELS if k in seconds and seconds[k] <= (1 + CLOSE) * fastest)
+            choices.setdefault(f"{bucket},{shape}", kernel if seconds[kernel] <= MARGIN * seconds["aten"] else "aten")
         data = _read_cache()  # another process may have added choices since
         kept = data.get(here)
         data[here] = {**(kept if isinstance(kept, dict) else {}), **choices}
@@ -224,7 +282,7 @@ def choose(rows: int, in_features: int, out_features: int) -> str:
             write_json(cache_path(), data)
         except OSError:  # a read-only home: the choice holds for this process
             pass
-    return choices[shape]
+    return [choices[key] for key in keys]
 
 
 def forget_choices() -> None:
@@ -233,21 +291,22 @@ def forget_choices() -> None:
 
 
 class PackedLinear:
-    """The ``forward`` of an ``nn.Linear`` while it is packed: oneDNN on its weight laid out for ``rows``-row products.
+    """The ``forward`` of an ``nn.Linear`` while it is packed: a packed kernel (:data:`PACKED`) on its
+    weight laid out for ``rows``-row products.
 
     oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch shrinks
     as sentences finish, every new count cost time and memory: translating a test set grew the process
     by 300 MB. One row count per generation keeps that to one kernel per weight; other counts take
-    ``F.linear``. The packed weight is a second copy, used only while the weight is unchanged (its
-    version counter is checked on every call; an inference tensor, made under
-    ``torch.inference_mode``, keeps none).
+    ``F.linear`` (MKL's packing holds for its row count only). The packed weight is a second copy, used
+    only while the weight is unchanged (its version counter is checked on every call; an inference
+    tensor, made under ``torch.inference_mode``, keeps none).
     """
 
-    def __init__(self, module: nn.Linear, rows: int) -> None:
-        self.module, self.rows = module, rows
+    def __init__(self, module: nn.Linear, rows: int, kernel: str = "onednn") -> None:
+        self.module, self.rows, self.kernel = module, rows, kernel
         w = module.weight.detach()
         self.version = None if w.is_inference() else w._version
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
+        self.product = _packed_product(kernel, w.contiguous(), rows)
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.module
@@ -255,7 +314,7 @@ class PackedLinear:
         if (self.version is None or self.version == weight._version) and x.numel() == self.rows * x.shape[-1] \
                 and x.dtype == weight.dtype and x.device == weight.device and _lays_out(weight) \
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-            return _onednn_linear(x, self.packed, bias, "none", [], "")
+            return self.product(x, bias)
         return F.linear(x, weight, bias)
 
 
@@ -302,23 +361,34 @@ def step_linears(model: nn.Module) -> list[nn.Linear]:
             if type(m) is nn.Linear and not name.endswith("kv_proj")]
 
 
+def lay_out(module: nn.Linear, kernel: str, rows: int) -> None:
+    """Lay ``module``'s weight out for ``kernel`` (one of :data:`KERNELS`) and ``rows``-row products:
+    its ``forward`` a :class:`PackedLinear`, or its memory transposed; ``"aten"`` leaves it as it is."""
+    if kernel in PACKED:
+        module.forward = PackedLinear(module, rows, kernel)
+    elif kernel == "transposed":
+        transpose_weight(module)
+
+
 def pack_weights(model: nn.Module, rows: int) -> None:
     """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where another kernel
     runs them faster than ``F.linear`` (:func:`choose`)."""
-    for m in step_linears(model):
-        kernel = choose(rows, m.in_features, m.out_features) if _lays_out(m.weight) else "aten"
-        if kernel == "onednn":
-            m.forward = PackedLinear(m, rows)
-        elif kernel == "transposed":
-            transpose_weight(m)
+    linears = [m for m in step_linears(model) if _lays_out(m.weight)]
+    for m, kernel in zip(linears, choose(linears, rows)):
+        lay_out(m, kernel, rows)
+
+
+def restore(module: nn.Module) -> None:
+    """``module`` as :func:`lay_out` found it: ``nn.Linear``'s own forward, its weight in its own memory."""
+    if isinstance(module.__dict__.get("forward"), PackedLinear):
+        del module.forward
+    restore_weight(module)
 
 
 def unpack_weights(model: nn.Module) -> None:
     """Free the packed weights: every linear map is ``nn.Linear``'s own again, its weight in its own memory."""
     for m in model.modules():
-        if isinstance(m.__dict__.get("forward"), PackedLinear):
-            del m.forward
-        restore_weight(m)
+        restore(m)
 
 
 def start_decoding(model: nn.Module, rows: int, max_len: int, packed: bool = True) -> None:
@@ -358,6 +428,7 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
     return y if bias is None else y + bias
 
 
-__all__ = ["KERNELS", "set_backend", "backend", "available", "cache_path", "machine", "measure", "choose", "forget_choices",
-           "PackedLinear", "transpose_weight", "restore_weight", "step_linears", "pack_weights", "unpack_weights", "start_decoding", "end_decoding", "decoding",
-           "compiled_linear"]
+__all__ = ["KERNELS", "PACKED", "MARGIN", "CLOSE", "set_backend", "backend", "available", "cache_path",
+           "cpu_identity", "machine", "measure", "choose", "forget_choices", "PackedLinear", "transpose_weight",
+           "restore_weight", "step_linears", "lay_out", "restore", "pack_weights", "unpack_weights",
+           "start_decoding", "end_decoding", "decoding", "compiled_linear"]

@@ -12,7 +12,11 @@ from qkv import GPT, Transformer, preset
 from qkv.generation import kernels as K
 from qkv.generation.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
 
-needs_onednn = pytest.mark.skipif(not K.available(), reason="this torch has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(not K.available("onednn"), reason="this torch has no oneDNN linear")
+needs_mkl = pytest.mark.skipif(not K.available("mkl"), reason="this torch has no MKL packed GEMM")
+needs_all = pytest.mark.skipif(not all(K.available(k) for k in K.PACKED), reason="this torch lacks a packed kernel")
+# The kernels that lay a weight out anew, each where this torch runs it.
+LAID_OUT = [pytest.param("onednn", marks=needs_onednn), pytest.param("mkl", marks=needs_mkl), "transposed"]
 
 
 @pytest.fixture
@@ -37,8 +41,8 @@ def fresh_choices(tmp_path, monkeypatch):
 
 
 def _packed(layer: nn.Linear, rows: int, kernel: str = "onednn") -> nn.Linear:
-    if kernel == "onednn":
-        layer.forward = PackedLinear(layer, rows)
+    if kernel in K.PACKED:
+        layer.forward = PackedLinear(layer, rows, kernel)
     else:
         K.transpose_weight(layer)
     return layer
@@ -46,7 +50,7 @@ def _packed(layer: nn.Linear, rows: int, kernel: str = "onednn") -> nn.Linear:
 
 def _kernel_of(layer: nn.Linear) -> str:
     if isinstance(layer.__dict__.get("forward"), PackedLinear):
-        return "onednn"
+        return layer.forward.kernel
     return "transposed" if layer.weight.stride() == (1, layer.out_features) else "aten"
 
 
@@ -55,57 +59,127 @@ def test_the_kernel_is_measured_by_default():
     assert K.backend() == "auto"
 
 
-@needs_onednn
+def _timings(linears, by_kernel):
+    """What a fake ``measure`` returns: the same seconds per kernel for every shape of ``linears``."""
+    return {f"{m.in_features},{m.out_features}": dict(by_kernel) for m in linears}
+
+
+@needs_all
 @pytest.mark.parametrize("faster", K.KERNELS)
 def test_each_product_gets_the_kernel_measured_fastest_on_this_machine(fresh_choices, monkeypatch, faster):
     measured = []
 
-    def fake(rows, n_in, n_out):
-        measured.append((rows, n_in, n_out))
-        return {kernel: 1.0 if kernel == faster else 2.0 for kernel in K.KERNELS}
+    def fake(linears, rows):
+        measured.append((rows, [(m.in_features, m.out_features) for m in linears]))
+        return _timings(linears, {kernel: 1.0 if kernel == faster else 2.0 for kernel in K.KERNELS})
 
     monkeypatch.setattr(K, "measure", fake)
     model = GPT(preset("tiny-gpt")).eval()
     pack_weights(model, 3)
     assert {_kernel_of(m) for m in step_linears(model)} == {faster}
-    shapes = {(4, m.in_features, m.out_features) for m in step_linears(model)}  # 3 rows: measured as 4
-    assert sorted(measured) == sorted(shapes)  # each shape once, however many layers have it
+    # Measured once, at 4 rows (3 rounded up), on the step's own linear maps in the step's order.
+    assert measured == [(4, [(m.in_features, m.out_features) for m in step_linears(model)])]
     # Kept for the next process on this machine: no measuring again.
     saved = json.loads(fresh_choices.read_text())
     assert set(saved) == {K.machine()}
+    assert set(saved[K.machine()]) == {f"4,{m.in_features},{m.out_features}" for m in step_linears(model)}
     assert set(saved[K.machine()].values()) == {faster}
     K.forget_choices()
     unpack_weights(model)
     pack_weights(model, 4)
-    assert len(measured) == len(shapes)
+    assert len(measured) == 1
 
 
 @needs_onednn
 def test_a_damaged_choices_file_is_measured_again(fresh_choices, monkeypatch):
     fresh_choices.write_text("{not json")
-    monkeypatch.setattr(K, "measure", lambda *shape: {"onednn": 1.0, "aten": 2.0})
-    assert K.choose(1, 8, 16) == "onednn"
+    monkeypatch.setattr(K, "measure", lambda linears, rows: _timings(linears, {"onednn": 1.0, "aten": 2.0}))
+    assert K.choose([nn.Linear(8, 16)], 1) == ["onednn"]
     assert json.loads(fresh_choices.read_text())[K.machine()] == {"1,8,16": "onednn"}
 
 
-def test_measure_times_every_kernel_this_torch_runs():
-    seconds = K.measure(2, 64, 96)
-    assert set(seconds) == set(K.KERNELS if K.available() else K.KERNELS[:2])
-    assert all(0 < s < 1 for s in seconds.values())
+def test_measure_times_every_kernel_this_torch_runs_on_every_shape(monkeypatch):
+    monkeypatch.setattr(K, "ROUND_SECONDS", 2e-3)  # a test needs no exact timings
+    seconds = K.measure([nn.Linear(64, 96), nn.Linear(96, 64), nn.Linear(64, 96)], 2)
+    assert list(seconds) == ["64,96", "96,64"]
+    for by_kernel in seconds.values():
+        assert set(by_kernel) == {k for k in K.KERNELS if k not in K.PACKED or K.available(k)}
+        assert all(0 < s < 1 for s in by_kernel.values())
 
 
 def test_a_choices_file_naming_an_unknown_kernel_is_measured_again(fresh_choices, monkeypatch):
     fresh_choices.write_text(json.dumps({K.machine(): {"1,8,16": "mkl-jit"}}))
-    monkeypatch.setattr(K, "measure", lambda *shape: {"aten": 2.0, "transposed": 1.0})
-    assert K.choose(1, 8, 16) == "transposed"
+    monkeypatch.setattr(K, "measure", lambda linears, rows: _timings(linears, {"aten": 2.0, "transposed": 1.0}))
+    assert K.choose([nn.Linear(8, 16)], 1) == ["transposed"]
 
 
-@needs_onednn
+def test_only_shapes_not_yet_chosen_get_a_choice_from_a_new_measurement(fresh_choices, monkeypatch):
+    fresh_choices.write_text(json.dumps({K.machine(): {"1,8,16": "aten"}}))
+    monkeypatch.setattr(K, "measure", lambda linears, rows: _timings(linears, {"aten": 2.0, "transposed": 1.0}))
+    assert K.choose([nn.Linear(8, 16), nn.Linear(16, 8)], 1) == ["aten", "transposed"]
+
+
+@pytest.mark.parametrize("transposed, chosen", [(0.95, "aten"), (0.85, "transposed")])
+def test_another_kernel_is_chosen_only_where_it_beats_f_linear_by_the_margin(fresh_choices, monkeypatch,
+                                                                             transposed, chosen):
+    # Laying a weight out anew costs a copy: 5% faster is not worth it, 15% is.
+    monkeypatch.setattr(K, "measure", lambda linears, rows: _timings(
+        linears, {"aten": 1.0, "transposed": transposed, "onednn": 2.0}))
+    assert K.choose([nn.Linear(8, 16)], 1) == [chosen]
+
+
+@pytest.mark.parametrize("timings, chosen", [
+    ({"aten": 1.0, "transposed": 0.8, "mkl": 0.78, "onednn": 0.70}, "onednn"),  # clearly the fastest
+    ({"aten": 1.0, "transposed": 0.8, "mkl": 0.72, "onednn": 0.70}, "mkl"),  # within 5%: the plainer first
+    ({"aten": 1.0, "transposed": 0.72, "mkl": 0.71, "onednn": 0.70}, "transposed"),
+])
+def test_of_kernels_timed_close_to_the_fastest_the_first_in_order_is_chosen(fresh_choices, monkeypatch,
+                                                                              timings, chosen):
+    monkeypatch.setattr(K, "measure", lambda linears, rows: _timings(linears, timings))
+    assert K.choose([nn.Linear(8, 16)], 1) == [chosen]
+
+
+def test_measure_times_the_steps_own_maps_laid_out_for_each_kernel_and_leaves_them_as_they_were(monkeypatch):
+    laid = []
+    real = K.lay_out
+    monkeypatch.setattr(K, "lay_out", lambda m, kernel, rows: laid.append((m, kernel, rows)) or real(m, kernel, rows))
+    monkeypatch.setattr(K, "ROUND_SECONDS", 2e-3)
+    model = GPT(preset("tiny-gpt")).eval()
+    linears = step_linears(model)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    K.measure(linears, 2)
+    assert {kernel for _, kernel, _ in laid} == set(K._kernels()) and {rows for _, _, rows in laid} == {2}
+    assert {id(m) for m, _, _ in laid} == {id(m) for m in linears}
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(p.is_contiguous() and torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+def test_choices_are_kept_per_cpu_not_per_cpu_name(tmp_path):
+    """Two CPUs a virtual machine names alike, with other caches, keep their choices apart."""
+    info = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {model}\n" \
+           "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 1\n\nprocessor\t: 1\nmodel name\t: other\n"
+    identities = []
+    for model, l3 in (("167", "491520K"), ("85", "8192K")):
+        cpu = tmp_path / model
+        for index, (level, size) in enumerate((("1", "48K"), ("2", "2048K"), ("3", l3))):
+            (cpu / "cache" / f"index{index}").mkdir(parents=True)
+            (cpu / "cache" / f"index{index}" / "level").write_text(level + "\n")
+            (cpu / "cache" / f"index{index}" / "size").write_text(size + "\n")
+        (cpu / "cpuinfo").write_text(info.format(model=model))
+        identities.append(K.cpu_identity(cpu / "cpuinfo", cpu / "cache"))
+    assert identities[0] == ("Intel(R) Xeon(R) Processor (cpu family 6, model 167, stepping 1, "
+                             "L2 2048K, L3 491520K)")
+    assert identities[1].startswith("Intel(R) Xeon(R) Processor (") and identities[0] != identities[1]
+    # Without Linux's files: the name the platform gives.
+    assert K.cpu_identity(tmp_path / "none", tmp_path / "none") == (K.platform.processor() or K.platform.machine())
+
+
+@needs_all
 def test_forced_backends_do_not_measure(fresh_choices, monkeypatch, backend_afterwards):
-    monkeypatch.setattr(K, "measure", lambda *shape: pytest.fail("measured"))
+    monkeypatch.setattr(K, "measure", lambda *args: pytest.fail("measured"))
     for kernel in K.KERNELS:
         K.set_backend(kernel)
-        assert K.choose(1, 8, 16) == kernel
+        assert K.choose([nn.Linear(8, 16), nn.Linear(16, 8)], 1) == [kernel, kernel]
     assert not fresh_choices.exists()
 
 
@@ -120,7 +194,7 @@ def test_every_kernel_choice_decodes_the_same(backend, backend_afterwards):
     assert generate(model, prompt, 8, temperature=0) == generate(model, prompt, 8, temperature=0, use_cache=False)
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+@pytest.mark.parametrize("kernel", LAID_OUT)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24), (1, 1, 24), (0, 24)])
 def test_packed_matches_f_linear(kernel, bias, shape):
@@ -134,16 +208,17 @@ def test_packed_matches_f_linear(kernel, bias, shape):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
-@needs_onednn
-def test_onednn_runs_only_for_the_packed_rows_and_without_autograd(monkeypatch):
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), pytest.param("mkl", marks=needs_mkl)])
+def test_a_packed_kernel_runs_only_for_the_packed_rows_and_without_autograd(monkeypatch, kernel):
     calls = []
-    real = K._onednn_linear
-    monkeypatch.setattr(K, "_onednn_linear", lambda *a: calls.append(1) or real(*a))
+    op = {"onednn": "_onednn_linear", "mkl": "_mkl_linear"}[kernel]
+    real = getattr(K, op)
+    monkeypatch.setattr(K, op, lambda *a: calls.append(1) or real(*a))
     layer, x = nn.Linear(5, 4), torch.randn(3, 5)
     with torch.inference_mode():
         layer(x)  # not packed: nn.Linear's own forward
         assert calls == []
-        _packed(layer, 3)
+        _packed(layer, 3, kernel)
         layer(x)
         assert calls == [1]
         layer(x[:2])  # another row count than the packing's: F.linear, no new oneDNN kernel
@@ -152,7 +227,7 @@ def test_onednn_runs_only_for_the_packed_rows_and_without_autograd(monkeypatch):
     assert calls == [1] and y.requires_grad
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+@pytest.mark.parametrize("kernel", LAID_OUT)
 def test_packed_weights_give_the_same_products_for_any_row_count(kernel):
     torch.manual_seed(0)
     layer = nn.Linear(32, 48)
@@ -188,7 +263,7 @@ def test_a_change_made_while_transposed_is_kept_when_the_memory_goes_back():
     assert layer.weight.is_contiguous() and torch.equal(layer.weight, changed)
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+@pytest.mark.parametrize("kernel", LAID_OUT)
 def test_a_changed_weight_is_never_computed_from_a_stale_packing(kernel):
     layer = _packed(nn.Linear(16, 16, bias=False), 2, kernel)
     x = torch.randn(2, 16)
@@ -197,7 +272,7 @@ def test_a_changed_weight_is_never_computed_from_a_stale_packing(kernel):
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_onednn), "transposed"])
+@pytest.mark.parametrize("kernel", LAID_OUT)
 def test_packing_is_not_used_when_gradients_are_needed(kernel):
     layer = _packed(nn.Linear(8, 8), 4, kernel)
     layer(torch.randn(4, 8)).sum().backward()
@@ -210,8 +285,8 @@ def test_aten_backend_and_bad_name(backend_afterwards):
     model = GPT(preset("tiny-gpt")).eval()
     pack_weights(model, 2)
     assert not any("forward" in m.__dict__ for m in model.modules())  # nothing packed
-    with pytest.raises(ValueError, match="unknown linear backend 'mkl'"):
-        K.set_backend("mkl")
+    with pytest.raises(ValueError, match="unknown linear backend 'blas'"):
+        K.set_backend("blas")
 
 
 def test_bf16_is_never_packed():
@@ -226,7 +301,7 @@ def test_decoding_packs_and_frees_every_step_linear_and_the_caches(onednn):
     assert len(linears) == 1 + 4 * model.cfg.n_layers  # lm_head + in/out_proj, w_1, w_2 per layer
     with decoding(model, 2, 16):
         assert all(layer.self_attn.cache is not None for layer in model.layers)
-        if K.available():
+        if K.available("onednn"):
             assert all(isinstance(m.__dict__.get("forward"), PackedLinear) for m in linears)
     assert all(layer.self_attn.cache is None for layer in model.layers)
     assert not any("forward" in m.__dict__ for m in model.modules())
