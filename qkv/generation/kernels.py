@@ -130,7 +130,7 @@ def _kernels() -> tuple[str, ...]:
 # The kernel of each product, measured on the machine at hand.
 
 CACHE_ENV = "QKV_KERNEL_CACHE"  # the file of measured choices, instead of the user cache's
-ROUNDS = 5  # alternating timings of the kernels per shape; the median decides
+ROUNDS = 5  # alternating timings of the kernels; the median decides
 ROUND_SECONDS = 25e-3  # each timing repeats the step's products for about this long
 # Another kernel than F.linear is chosen where it takes at most this fraction of F.linear's time. Laying
 # a weight out anew costs what the timing does not see (a copy made for every generation, a second copy
@@ -138,8 +138,8 @@ ROUND_SECONDS = 25e-3  # each timing repeats the step's products for about this 
 # to the next: a kernel within 10% of F.linear is not worth its copy.
 MARGIN = 0.9
 # Of kernels timed within this fraction of the fastest, the first in KERNELS' order is chosen. Timings
-# of a step's products alone flatter oneDNN: on an Intel Xeon it timed 3-7% behind MKL's packed GEMM,
-# and ran the 8-row GPT step 22% slower than it (5.63 against 4.63 ms).
+# of a step's products alone flatter oneDNN: on an Intel Xeon it timed 2-5% behind MKL's packed GEMM on
+# three of the four 8-row shapes of a GPT step, and ran the step 22% slower than it (5.63 against 4.63 ms).
 CLOSE = 0.05
 
 _choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> one of KERNELS, read or measured
@@ -213,7 +213,7 @@ def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, floa
     timed; a shape's time is the sum over its maps, so a step's share of each is what decides. The
     step's own weights, in the step's order, are what a step streams through the caches: timings of
     one shape alone, on copies of random weights, chose kernels that made the steps of an Intel Xeon
-    slower (the batch-1 GPT step 9%, beam search at the base size 14%; docs/BENCHMARKS.md). The kernels
+    slower (the batch-1 GPT step by 9%, beam search at the base size by 12%; docs/BENCHMARKS.md). The kernels
     alternate for :data:`ROUNDS` rounds, each of about :data:`ROUND_SECONDS` after an untimed pass
     (the step finds its weights where the last one left them); medians. The rounds are long because
     short ones mislead: the transposed and packed kernels reach their speed only after milliseconds
@@ -256,9 +256,9 @@ def choose(linears: Sequence[nn.Linear], rows: int) -> list[str]:
     """The kernel of each of ``linears``' fp32 ``rows``-row products on this machine, each one of :data:`KERNELS`.
 
     ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first time a shape is needed
-    they are measured (:func:`measure`, all of ``linears`` together, about half a second for each
-    kernel; the row count rounded up to a power of two, so that a test set's batches of every size
-    need a few measurements) and the choice is kept for each shape, in memory and in
+    they are measured (:func:`measure`, all of ``linears`` together: 0.7 s for a GPT step of the nanoGPT
+    config, 2.4 s at the paper's base size; the row count rounded up to a power of two, so that a test
+    set's batches of every size need a few measurements) and the choice is kept for each shape, in memory and in
     :func:`cache_path`, for every later process on the same CPU (:func:`cpu_identity`), torch and
     thread count. Another kernel than ``F.linear`` is chosen only where it takes at most
     :data:`MARGIN` of its time, and of kernels :data:`CLOSE` to the fastest the first in the order of
