@@ -55,7 +55,7 @@ from qkv.models import GPT, Transformer
 
 # The packed kernels are the ops torch.compile's CPU backend emits for frozen linear layers: oneDNN's
 # fused linear, and MKL's GEMM on a weight packed by cblas_sgemm_pack. They are private ops of the
-# pinned torch; ``available()`` checks each once and everything falls back without them.
+# pinned torch; ``available(kernel)`` checks each once and everything falls back without them.
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _mkl_linear = getattr(torch.ops.mkl, "_mkl_linear", None)
 _mkl_pack = getattr(torch.ops.mkl, "_mkl_reorder_linear_weight", None)
@@ -84,7 +84,7 @@ def backend() -> str:
 
 
 @functools.cache
-def available(kernel: str = "onednn") -> bool:
+def available(kernel: str) -> bool:
     """Whether this torch runs a packed kernel: ``"onednn"`` (a build with mkldnn, x86 or ARM) or
     ``"mkl"`` (an x86 build with MKL). Checked once, on a product whose result is known."""
     if kernel == "onednn" and not (_onednn_linear is not None and torch.backends.mkldnn.is_available()):

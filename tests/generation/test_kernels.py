@@ -40,11 +40,8 @@ def fresh_choices(tmp_path, monkeypatch):
     K.forget_choices()
 
 
-def _packed(layer: nn.Linear, rows: int, kernel: str = "onednn") -> nn.Linear:
-    if kernel in K.PACKED:
-        layer.forward = PackedLinear(layer, rows, kernel)
-    else:
-        K.transpose_weight(layer)
+def _packed(layer: nn.Linear, rows: int, kernel: str) -> nn.Linear:
+    K.lay_out(layer, kernel, rows)
     return layer
 
 
