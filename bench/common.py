@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -150,12 +149,13 @@ def write_result(path: str, result: dict) -> None:
     """Add the command, date and machine, write JSON, print the summary to stdout."""
     import torch
 
+    from qkv.io import cpu_identity
+
     result = {
         **result,
         "command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
-        + f", {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        "machine": f"{cpu_identity()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads",
     }
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

@@ -9,6 +9,7 @@
 - Devices and precision: ``auto`` means CUDA when torch sees one, else the CPU; asking for a device
   that is absent is an error that says so (never a traceback from deep inside torch). bf16 autocast
   on CUDA, fp32 on CPUs (most have no bf16 units: it runs 6-100x slower there).
+- The machine: :func:`cpu_identity` names the CPU a measurement was made on (kernel choices, results).
 - :func:`evaluating`: eval mode and no gradients for a block, the model's mode put back after.
 """
 
@@ -17,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import itertools
 import json
 import os
+import platform
 import re
 import uuid
 from pathlib import Path
@@ -282,6 +285,38 @@ def user_cache(*parts: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
+# The machine
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo"),
+                 caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> str:
+    """The CPU's name and what tells apart the CPUs one name can cover: family, model and stepping, and the
+    sizes of its L2 and L3 caches (Linux's files; elsewhere the name alone).
+
+    A virtual machine may report a generic name ("Intel(R) Xeon(R) Processor", as the development
+    machines of this project do), which covers CPUs whose fastest kernels differ: the same products
+    stream from a 480 MB L3 on one and from memory on another.
+    """
+    name, ids = platform.processor() or platform.machine(), []
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:  # the first processor's block
+            fields = dict(line.split(":", 1) for line in itertools.takewhile(str.strip, f) if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        name = fields.get("model name", name)
+        ids = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields]
+    except OSError:
+        pass
+    sizes: dict[str, str] = {}  # cache level -> size
+    try:
+        for index in sorted(caches.glob("index*")):
+            sizes[index.joinpath("level").read_text().strip()] = index.joinpath("size").read_text().strip()
+    except OSError:
+        pass
+    ids += [f"L{level} {sizes[level]}" for level in ("2", "3") if level in sizes]
+    return f"{name} ({', '.join(ids)})" if ids else name
+
+
+# ----------------------------------------------------------------------------------------------
 # Devices and precision
 
 # Every command's --device and every recipe's train.device default to this.
@@ -364,6 +399,6 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 __all__ = [
     "QkvError", "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
-    "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
+    "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "cpu_identity", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
     "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

@@ -8,6 +8,7 @@ import sys
 from qkv.cli import main
 from qkv.experiments import table3
 from qkv.experiments.grid import Variant, claim
+from qkv.io import cpu_identity
 from qkv.training import loop
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64",
@@ -30,6 +31,7 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     assert row["overrides"] == ["model.d_k=16", "train.seed=1"] and row["steps"] == 4
     assert row["base_changes"] == TINY and row["length_ratio"] > 0  # how the grid changed its base, recorded
     assert 0 <= row["bleu"] <= 100 and row["ppl"] > 1 and row["parameters"] > 0
+    assert row["machine"].startswith(cpu_identity() + ", ")  # the CPU its train_seconds were measured on
     base = json.loads((results / "base_seed1.json").read_text())
     assert row["parameters"] != base["parameters"]  # d_k 16 of d_model 16 over 2 heads: bigger keys
     md = (results / "table3.md").read_text()
@@ -42,6 +44,18 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     monkeypatch.setattr(table3, "train", never)
     assert main(grid_argv(tmp_path, "g")) == 0
     assert "3 of 3 variants scored" in capsys.readouterr().err
+
+    # Another budget on the same results: one line, nothing trained, never a table of two budgets.
+    assert main(grid_argv(tmp_path, "g", "--steps", "5")) == 2
+    err = capsys.readouterr().err
+    assert "base_seed1.json: made with steps 4, this grid asks for 5" in err and "Traceback" not in err
+    assert main(grid_argv(tmp_path, "g", "model.norm=pre")) == 2  # other changes to the base, alike
+    assert "made with base_changes" in capsys.readouterr().err
+    # A report shows whatever grid is there, as long as the results agree among themselves.
+    assert main(grid_argv(tmp_path, "g", "--report", "--steps", "5")) == 0
+    (results / "B_d_k32_seed1.json").write_text(json.dumps({**row, "steps": 5}))
+    assert main(grid_argv(tmp_path, "g", "--report")) == 2
+    assert "B_d_k32_seed1.json: made with steps 5, base_seed1.json with 4" in capsys.readouterr().err
 
 
 def test_an_interrupted_variant_resumes_to_the_result_of_an_uninterrupted_one(tmp_path, monkeypatch):
@@ -62,6 +76,18 @@ def test_an_interrupted_variant_resumes_to_the_result_of_an_uninterrupted_one(tm
     a, b = (json.loads(next((tmp_path / n / "results").glob("base*.json")).read_text()) for n in ("straight", "cut"))
     for key in ("bleu", "nll", "ppl", "parameters", "steps"):
         assert a[key] == b[key], key
+
+
+def test_two_workers_side_by_side_fill_the_grid_once(tmp_path, capfd):
+    """--jobs 2: two processes of the same command share the grid by their claims, each variant trained once."""
+    argv = [a for a in grid_argv(tmp_path, "w", "--jobs", "2") if a != "--quiet"]  # the workers' log lines
+    assert main(argv) == 0
+    results, runs = tmp_path / "w" / "results", tmp_path / "w" / "runs"
+    names = ["B_d_k16_seed1", "B_d_k32_seed1", "base_seed1"]
+    assert sorted(p.stem for p in results.glob("*.json")) == names and not list(runs.glob("*.claim"))
+    trained = [line.split(":")[1].strip() for line in capfd.readouterr().err.splitlines()
+               if line.startswith("table3: ") and line.endswith(")") and ": training (" in line]
+    assert sorted(trained) == names, trained
 
 
 def test_a_live_claim_is_left_to_its_worker_and_a_dead_one_is_taken_over(tmp_path):

@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command as given: a command that runs itself in other processes runs this
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

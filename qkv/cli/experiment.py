@@ -11,7 +11,7 @@ from pathlib import Path
 
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
-from qkv.experiments.grid import read_results, run_grid
+from qkv.experiments.grid import check_results, read_results, run_grid
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
@@ -68,6 +68,9 @@ def cmd_table3(args: argparse.Namespace) -> int:
         raise ValueError(f"--rows: unknown {sorted(set(rows) - known - changes)}; the rows are {sorted(known)}, "
                          f"single changes {sorted(changes)}")
     grid = table3.variants(rows, args.seeds)
+    # A report shows whatever grid is there, as long as it is one; training adds to the grid asked for.
+    check_results(args.results, grid, {"steps": None, "base_changes": None} if args.report else
+                  {"steps": args.steps, "base_changes": list(args.overrides)})
     if not args.report:
         if grid:  # the overrides checked before any training (a typo fails now, not in an hour)
             table3.recipe_of(grid[0], args.steps, args.recipe, args.overrides)
@@ -88,6 +91,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
 def cmd_forgetting(args: argparse.Namespace) -> int:
     grid = forgetting.variants(args.seeds)
     out, results = Path(args.out), Path(args.results)
+    check_results(results, grid, {"steps": None if args.report else args.steps})
     if not args.report:
         # The base first, in this process with every thread: the workers all fine-tune it.
         base = forgetting.prepare_base(out, args.base_steps, quiet=args.quiet)
@@ -110,7 +114,7 @@ def _log(name: str, quiet: bool):
 
 def _workers(args: argparse.Namespace) -> int:
     """Run ``args.jobs`` workers of this same command (``--jobs 1``); the grid's claims keep them apart."""
-    argv = [*sys.argv[1:], "--jobs", "1"]  # argparse keeps the last --jobs
+    argv = [*args.argv, "--jobs", "1"]  # argparse keeps the last --jobs
     workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]
     codes = [w.wait() for w in workers]
     if any(codes):

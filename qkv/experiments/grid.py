@@ -2,8 +2,9 @@
 
 Each variant is a name and ``section.key=value`` overrides of a base recipe. Its run directory is
 ``OUT/NAME``; its result, once scored, is ``RESULTS/NAME.json``. A variant whose result exists is
-skipped; one with a checkpoint and no result is resumed exactly (``--resume``); the others start. So a
-grid fills across sittings, and several workers (one process each, one thread each) can share it:
+skipped (the results there must be made as the grid asks, the same step budget: :func:`check_results`);
+one with a checkpoint and no result is resumed exactly (``--resume``); the others start. So a grid
+fills across sittings, and several workers (one process each, one thread each) can share it:
 each *claims* a variant by creating ``OUT/NAME.claim`` (O_EXCL, holding its process id) before it
 trains it, and takes over a claim whose process is gone.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from qkv.io import read_json, write_json
+from qkv.io import QkvError, cpu_identity, read_json, write_json
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,9 @@ class Variant:
 
 
 def machine() -> str:
-    """Where a result was measured: the CPU, its cores and torch, as the benchmarks write it."""
-    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    """Where a result was measured: the CPU (:func:`~qkv.io.cpu_identity`), its cores and torch. Wall times
+    differ by 3.5x between machines that all report 2 cores, so a time means nothing without the CPU."""
+    return f"{cpu_identity()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
@@ -56,6 +57,33 @@ def read_results(results: str | Path, variants: Sequence[Variant]) -> dict[str, 
     results = Path(results)
     return {v.name: read_json(result_path(results, v), "grid result") for v in variants
             if result_path(results, v).is_file()}
+
+
+class GridError(QkvError, ValueError):
+    """A results folder whose results were made differently from the grid asked for (another step budget,
+    other changes to the base): skipping them as finished would mix two grids in one table."""
+
+
+def check_results(results: str | Path, variants: Sequence[Variant], made_with: dict[str, Any]) -> None:
+    """Every result already in ``results`` was made as ``made_with`` says (``{"steps": 430}``), else a
+    :class:`GridError` that names the file. A value of None is taken from the first result that records
+    the key (a report of what is there: its results must agree among themselves); a key that a result
+    does not record (written before it was) is not checked."""
+    made_with, first = dict(made_with), {}
+    for variant in variants:
+        path = result_path(Path(results), variant)
+        if not path.is_file():
+            continue
+        found = read_json(path, "grid result")
+        for key, want in made_with.items():
+            if key not in found:
+                continue
+            if want is None:
+                made_with[key], first[key] = found[key], path.name
+            elif found[key] != want:
+                asked = f"{first[key]} with {want!r}" if key in first else f"this grid asks for {want!r}"
+                raise GridError(f"{path}: made with {key} {found[key]!r}, {asked}; a results folder holds one grid: "
+                                f"give this one its own --results")
 
 
 def _alive(pid: int) -> bool:
@@ -129,4 +157,4 @@ def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
     return done
 
 
-__all__ = ["Variant", "run_grid", "read_results", "result_path", "claim", "spread"]
+__all__ = ["Variant", "GridError", "run_grid", "check_results", "read_results", "result_path", "claim", "spread"]

@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -50,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.io import user_cache, write_json
+from qkv.io import cpu_identity, user_cache, write_json
 from qkv.models import GPT, Transformer
 
 # The packed kernels are the ops torch.compile's CPU backend emits for frozen linear layers: oneDNN's
@@ -148,34 +146,6 @@ _choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> one of
 def cache_path() -> Path:
     """The file the measured choices are kept in: ``$QKV_KERNEL_CACHE``, else ``kernels.json`` in the user cache."""
     return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache("kernels.json")
-
-
-def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo"),
-                 caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> str:
-    """The CPU's name and what tells apart the CPUs one name can cover: family, model and stepping, and the
-    sizes of its L2 and L3 caches (Linux's files; elsewhere the name alone).
-
-    A virtual machine may report a generic name ("Intel(R) Xeon(R) Processor", as the development
-    machines of this project do), which covers CPUs whose fastest kernels differ: the same products
-    stream from a 480 MB L3 on one and from memory on another.
-    """
-    name, ids = platform.processor() or platform.machine(), []
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:  # the first processor's block
-            fields = dict(line.split(":", 1) for line in itertools.takewhile(str.strip, f) if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        name = fields.get("model name", name)
-        ids = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields]
-    except OSError:
-        pass
-    sizes: dict[str, str] = {}  # cache level -> size
-    try:
-        for index in sorted(caches.glob("index*")):
-            sizes[index.joinpath("level").read_text().strip()] = index.joinpath("size").read_text().strip()
-    except OSError:
-        pass
-    ids += [f"L{level} {sizes[level]}" for level in ("2", "3") if level in sizes]
-    return f"{name} ({', '.join(ids)})" if ids else name
 
 
 _cpu = functools.cache(cpu_identity)
@@ -429,6 +399,6 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
 
 
 __all__ = ["KERNELS", "PACKED", "MARGIN", "CLOSE", "set_backend", "backend", "available", "cache_path",
-           "cpu_identity", "machine", "measure", "choose", "forget_choices", "PackedLinear", "transpose_weight",
+           "machine", "measure", "choose", "forget_choices", "PackedLinear", "transpose_weight",
            "restore_weight", "step_linears", "lay_out", "restore", "pack_weights", "unpack_weights",
            "start_decoding", "end_decoding", "decoding", "compiled_linear"]
