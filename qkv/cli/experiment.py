@@ -8,10 +8,11 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any, Sequence
 
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
-from qkv.experiments.grid import check_results, read_results, run_grid
+from qkv.experiments.grid import Variant, check_results, read_results, run_grid, time_left
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
@@ -85,7 +86,17 @@ def cmd_table3(args: argparse.Namespace) -> int:
     for path in table3.write_report(results, grid, args.results):
         print(path)
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
+    _say_time_left(results, grid, args.jobs)
     return 0
+
+
+def _say_time_left(results: dict[str, dict[str, Any]], grid: Sequence[Variant], jobs: int) -> None:
+    """For a grid filled across sittings: what the rest would take here."""
+    left = time_left(results, grid, jobs)
+    if left:
+        seconds, measured = left
+        print(f"the {len(grid) - len(results)} left: about {seconds / 3600:.1f} h with --jobs {jobs} on this CPU "
+              f"(the mean of the {measured} variant{'s' * (measured > 1)} trained here)", file=sys.stderr)
 
 
 def cmd_forgetting(args: argparse.Namespace) -> int:
@@ -104,7 +115,9 @@ def cmd_forgetting(args: argparse.Namespace) -> int:
                      _log("forgetting", args.quiet))
     for path in forgetting.write_report(results, grid):
         print(path)
-    print(f"{len(read_results(results, grid))} of {len(grid)} variants scored", file=sys.stderr)
+    found = read_results(results, grid)
+    print(f"{len(found)} of {len(grid)} variants scored", file=sys.stderr)
+    _say_time_left(found, grid, args.jobs)
     return 0
 
 

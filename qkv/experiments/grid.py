@@ -148,13 +148,29 @@ def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
             run = out / variant.name
             resume = (run / "last.pt").is_file()
             log(f"{variant.name}: {'resuming' if resume else 'training'} ({' '.join(variant.overrides) or 'base'})")
+            start = time.perf_counter()
             result = train_and_score(variant, run, resume)
+            # wall_seconds: training and scoring, as this sitting saw them (a resumed variant's last part).
             write_json(result_path(results, variant), {"variant": variant.name, "row": variant.row,
                                                        "label": variant.label, "seed": variant.seed,
                                                        "overrides": list(variant.overrides), **result,
-                                                       "date": time.strftime("%Y-%m-%d"), "machine": machine()})
+                                                       "wall_seconds": round(time.perf_counter() - start, 1),
+                                                       "resumed": resume, "date": time.strftime("%Y-%m-%d"),
+                                                       "machine": machine()})
             done.append(variant.name)
     return done
 
 
-__all__ = ["Variant", "GridError", "run_grid", "check_results", "read_results", "result_path", "claim", "spread"]
+def time_left(results: dict[str, dict[str, Any]], variants: Sequence[Variant], jobs: int) -> tuple[float, int] | None:
+    """Seconds that the variants without a result would take with ``jobs`` workers on this CPU, from the mean
+    wall time of the variants trained here from the start (none measured here: None), and how many
+    that mean is of. An estimate: a grid's variants differ in cost (d_model 384 takes twice the base)."""
+    here = [r["wall_seconds"] for r in results.values()
+            if r.get("machine") == machine() and "wall_seconds" in r and not r.get("resumed")]
+    left = sum(v.name not in results for v in variants)
+    if not here or not left:
+        return None
+    return statistics.fmean(here) * left / jobs, len(here)
+
+
+__all__ = ["Variant", "GridError", "run_grid", "check_results", "time_left", "check_results", "read_results", "result_path", "claim", "spread"]
