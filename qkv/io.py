@@ -399,6 +399,6 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 __all__ = [
     "QkvError", "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
-    "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "cpu_identity", "DEVICE_DEFAULT", "DTYPES", "resolve_device",
-    "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
+    "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "user_cache", "cpu_identity",
+    "DEVICE_DEFAULT", "DTYPES", "resolve_device", "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]
