@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
 import itertools
 import json
@@ -288,6 +289,7 @@ def user_cache(*parts: str) -> Path:
 # The machine
 
 
+@functools.cache  # the files do not change while a process runs
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo"),
                  caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> str:
     """The CPU's name and what tells apart the CPUs one name can cover: family, model and stepping, and the

@@ -70,11 +70,9 @@ def check_results(results: str | Path, variants: Sequence[Variant], made_with: d
     the key (a report of what is there: its results must agree among themselves); a key that a result
     does not record (written before it was) is not checked."""
     made_with, first = dict(made_with), {}
-    for variant in variants:
-        path = result_path(Path(results), variant)
-        if not path.is_file():
-            continue
-        found = read_json(path, "grid result")
+    found_all = read_results(results, variants)
+    for variant in (v for v in variants if v.name in found_all):  # in the grid's order
+        found, path = found_all[variant.name], result_path(Path(results), variant)
         for key, want in made_with.items():
             if key not in found:
                 continue
@@ -165,8 +163,9 @@ def time_left(results: dict[str, dict[str, Any]], variants: Sequence[Variant], j
     """Seconds that the variants without a result would take with ``jobs`` workers on this CPU, from the mean
     wall time of the variants trained here from the start (none measured here: None), and how many
     that mean is of. An estimate: a grid's variants differ in cost (d_model 384 takes twice the base)."""
+    this = machine()
     here = [r["wall_seconds"] for r in results.values()
-            if r.get("machine") == machine() and "wall_seconds" in r and not r.get("resumed")]
+            if r.get("machine") == this and "wall_seconds" in r and not r.get("resumed")]
     left = sum(v.name not in results for v in variants)
     if not here or not left:
         return None

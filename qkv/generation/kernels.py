@@ -148,13 +148,10 @@ def cache_path() -> Path:
     return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else user_cache("kernels.json")
 
 
-_cpu = functools.cache(cpu_identity)
-
-
 def machine() -> str:
     """What a choice holds for: the CPU (:func:`cpu_identity`), the torch version, the thread count and the
     kernels it was chosen among (a choice made before a kernel was added is measured again)."""
-    return f"{_cpu()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {' '.join(_kernels())}"
+    return f"{cpu_identity()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {' '.join(_kernels())}"
 
 
 def _read_cache() -> dict:
