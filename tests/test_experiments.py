@@ -44,6 +44,10 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     monkeypatch.setattr(table3, "train", never)
     assert main(grid_argv(tmp_path, "g")) == 0
     assert "3 of 3 variants scored" in capsys.readouterr().err
+    # Compared with another grid's folder (here itself): every change keeps its sign, seed for seed.
+    assert main(grid_argv(tmp_path, "g", "--report", "--against", str(results))) == 0
+    against = (results / "against_results.md").read_text()
+    assert "| B | d_k=16 | 1 |" in against and against.endswith("| 2 of 2 | | | 2 of 2 |\n"), against
 
     assert row["wall_seconds"] > 0 and row["resumed"] is False and "left:" not in capsys.readouterr().err
     # What the rest of a larger grid would take here, from the variants trained here.
@@ -147,3 +151,23 @@ def test_each_variant_is_compared_with_the_base_seed_for_seed():
     md = table3.markdown(list(rows.values()))
     assert "| +0.00 ± 0.14 (2) | +0.8 ± 0.4 (2) |" in md
     assert all(line.count("|") == 13 for line in md.splitlines())  # every line has the header's 12 cells
+
+
+def test_two_budgets_are_compared_seed_for_seed():
+    grid = [Variant(name=f"{row}_seed{s}", row=row, label=row, seed=s) for row in ("base", "A") for s in (1, 2)]
+
+    def res(bleu, ppl, steps):
+        return {"bleu": bleu, "ppl": ppl, "parameters": 10, "steps": steps}
+
+    short = {"base_seed1": res(25.0, 15.0, 430), "base_seed2": res(25.5, 14.8, 430),
+             "A_seed1": res(24.0, 15.8, 430), "A_seed2": res(26.0, 15.0, 430)}
+    # Seed 1 keeps both signs; seed 2 keeps the perplexity's (+0.2, +0.1) and not the BLEU's (+0.5, -0.5).
+    long = {"base_seed1": res(30.0, 11.0, 600), "base_seed2": res(30.5, 11.1, 600),
+            "A_seed1": res(29.0, 11.3, 600), "A_seed2": res(30.0, 11.2, 600)}
+    assert table3.paired_deltas(short, grid)["A_seed2"] == {"bleu": 0.5, "ppl": short["A_seed2"]["ppl"] - 14.8}
+    md = table3.against(short, long, grid)
+    assert "| A | A | 2 | +0.50 | +0.20 | 2 of 2 | -0.2 | -0.8 | 1 of 2 |" in md, md
+    assert "PPL - base, 430 steps | PPL - base, 600 steps" in md and md.endswith("| 2 of 2 | | | 1 of 2 |\n")
+    # A variant without a base of its seed in one of the two grids is left out of both.
+    del long["base_seed2"]
+    assert "| A | A | 1 | +0.80 | +0.30 | 1 of 1 | -1.0 | -1.0 | 1 of 1 |" in table3.against(short, long, grid)

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
 from qkv.experiments.grid import Variant, check_results, read_results, run_grid, time_left
+from qkv.io import write_text
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
                                                                 "and one thread each (default 1)")
     p.add_argument("--report", action="store_true", help="only write the table and plot from the results there are")
+    p.add_argument("--against", metavar="RESULTS", help="also compare with the grid in this results folder (another "
+                                                         "budget): each change's difference from the base in both, "
+                                                         "seed for seed, written to RESULTS/against_NAME.md")
     p.add_argument("--recipe", default=table3.BASE_RECIPE, help=f"the base recipe (default {table3.BASE_RECIPE})")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the base of every variant "
                                                                      "(before the variant's own)")
@@ -85,6 +89,11 @@ def cmd_table3(args: argparse.Namespace) -> int:
     results = read_results(args.results, grid)
     for path in table3.write_report(results, grid, args.results):
         print(path)
+    if args.against:
+        check_results(args.against, grid, {"steps": None, "base_changes": None})
+        other = read_results(args.against, grid)
+        print(write_text(Path(args.results) / f"against_{Path(args.against).resolve().name}.md",
+                         table3.against(results, other, grid)))
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
     _say_time_left(results, grid, args.jobs)
     return 0

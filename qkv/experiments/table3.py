@@ -16,6 +16,7 @@ depth...), so the two tables line up row by row.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,8 +28,9 @@ from qkv.training.logging import read_metrics
 from qkv.training.train_mt import MTRecipe, load_train_config, train
 
 BASE_RECIPE = "multi30k_de_en"
-# The step budget of every variant, and what it costs: see docs/EXPERIMENTS.md ("The budget").
-STEPS = 600
+# The step budget of every variant: the whole grid in about 3 hours of a fast 2-core machine with two workers,
+# and a base at ~25 BLEU; what it costs on each machine, and why: docs/EXPERIMENTS.md ("The budget").
+STEPS = 430
 SEEDS = (1, 2, 3)  # for the base and rows (A) and (E), where the paper's differences are small
 
 # The plot's ticks: perplexities on its log axis, differences from the base on the symmetric-log ones.
@@ -143,10 +145,8 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
     of the training batches, which the base and the variant share, so the paired differences vary less
     than the two columns' spreads suggest: they are what tells a change from seed noise.
     """
-    groups: dict[tuple[str, str], list[Variant]] = {}
-    for v in grid:
-        groups.setdefault((v.row, v.label), []).append(v)
-    base = {v.seed: results[v.name] for v in groups.get(("base", "base"), []) if v.name in results}
+    groups = _groups(grid)
+    deltas = paired_deltas(results, grid)
     out = []
     for (row, label), seeds in groups.items():
         found = [results[v.name] for v in seeds if v.name in results]
@@ -158,13 +158,66 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
             entry["bleu"], entry["bleu_sd"] = spread([r["bleu"] for r in found])
             entry["parameters"] = found[0]["parameters"]
             entry["steps"] = found[0]["steps"]
-        pairs = [(results[v.name], base[v.seed]) for v in seeds if v.name in results and v.seed in base]
-        if row != "base" and pairs:
+        pairs = [deltas[v.name] for v in seeds if v.name in deltas]
+        if pairs:
             entry["paired"] = len(pairs)
-            entry["bleu_delta"], entry["bleu_delta_sd"] = spread([r["bleu"] - b["bleu"] for r, b in pairs])
-            entry["ppl_delta"], entry["ppl_delta_sd"] = spread([r["ppl"] - b["ppl"] for r, b in pairs])
+            for key in ("bleu", "ppl"):
+                entry[f"{key}_delta"], entry[f"{key}_delta_sd"] = spread([d[key] for d in pairs])
         out.append(entry)
     return out
+
+
+def _groups(grid: Sequence[Variant]) -> dict[tuple[str, str], list[Variant]]:
+    """The grid's variants by (row, label): a change and its seeds."""
+    groups: dict[tuple[str, str], list[Variant]] = {}
+    for v in grid:
+        groups.setdefault((v.row, v.label), []).append(v)
+    return groups
+
+
+def paired_deltas(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> dict[str, dict[str, float]]:
+    """Each variant's BLEU and perplexity minus those of the base of its seed, by variant name, for the variants
+    scored whose base is scored too (the base itself has none)."""
+    base = {v.seed: results[v.name] for v in grid if v.row == "base" and v.name in results}
+    return {v.name: {key: results[v.name][key] - base[v.seed][key] for key in ("bleu", "ppl")}
+            for v in grid if v.row != "base" and v.name in results and v.seed in base}
+
+
+def against(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> str:
+    """Two grids of the same variants (another step budget, machine or base change) side by side: each change's
+    difference from the base in each (mean over the seeds paired in both), and for how many of its seeds the
+    two differences have the same sign; the totals close the table. What a shorter budget keeps of a
+    longer one's conclusions, read seed for seed rather than from the means."""
+    a, b = paired_deltas(here, grid), paired_deltas(there, grid)
+    name_a, name_b = f"{_budget(here)} steps", f"{_budget(there)} steps"
+    if name_a == name_b:
+        name_a, name_b = "here", "there"
+    lines = ["Each change's perplexity and BLEU minus the base's of the same seed (the same batches), in two grids: "
+             "the mean over the seeds scored in both, and for how many of them the two differences have the same "
+             "sign. Written by `qkv experiment table3 --against`; see docs/EXPERIMENTS.md.", "",
+             f"| row | change | seeds in both | PPL - base, {name_a} | PPL - base, {name_b} | same sign |"
+             f" BLEU - base, {name_a} | BLEU - base, {name_b} | same sign |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    totals = {"ppl": [0, 0], "bleu": [0, 0]}
+    for (row, label), seeds in _groups(grid).items():
+        both = [v.name for v in seeds if v.name in a and v.name in b]
+        if not both:
+            continue
+        cells = []
+        for key, digits in (("ppl", 2), ("bleu", 1)):
+            same = sum((a[n][key] > 0) == (b[n][key] > 0) for n in both)
+            totals[key][0] += same
+            totals[key][1] += len(both)
+            cells += [f"{statistics.fmean(a[n][key] for n in both):+.{digits}f}",
+                      f"{statistics.fmean(b[n][key] for n in both):+.{digits}f}", f"{same} of {len(both)}"]
+        lines.append(f"| {row} | {label} | {len(both)} | " + " | ".join(cells) + " |")
+    lines.append("| all | | | | | {} of {} | | | {} of {} |".format(*totals["ppl"], *totals["bleu"]))
+    return "\n".join(lines) + "\n"
+
+
+def _budget(results: dict[str, dict[str, Any]]) -> str:
+    """The grid's step budget as its results say: ``430`` (``430 / 600`` for a folder that mixes two)."""
+    return " / ".join(map(str, sorted({r["steps"] for r in results.values()}))) or "N"
 
 
 def _delta(r: dict[str, Any], key: str, digits: int) -> str:
@@ -256,11 +309,9 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     """``table3.md`` and ``table3.png`` in ``out_dir``, from whatever results exist."""
     rows = table(results, grid)
     out_dir = Path(out_dir)
-    steps = sorted({r["steps"] for r in rows if "steps" in r})
-    budget = " / ".join(map(str, steps)) or "N"
     caption = ("Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every "
-               f"variant {budget} steps, beam 4, no averaging; mean ± standard deviation over the seeds scored; "
-               "the differences from the base pair each seed with the base's (the same batches), (n) seeds paired. "
+               f"variant {_budget(results)} steps, beam 4, no averaging; mean ± standard deviation over the seeds "
+               "scored; the differences from the base pair each seed with the base's (the same batches), (n) seeds paired. "
                "The paper's: newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
                "Written by `qkv experiment table3`; see docs/EXPERIMENTS.md.\n\n")
     md = write_text(out_dir / "table3.md", caption + markdown(rows))
@@ -270,4 +321,4 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
 
 
 __all__ = ["BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "table",
-           "markdown", "plot", "write_report", "base_overrides"]
+           "paired_deltas", "against", "markdown", "plot", "write_report", "base_overrides"]
