@@ -90,8 +90,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     for path in table3.write_report(results, grid, args.results):
         print(path)
     if args.against:
-        check_results(args.against, grid, {"steps": None, "base_changes": None})
-        other = read_results(args.against, grid)
+        other = check_results(args.against, grid, {"steps": None, "base_changes": None})
         print(write_text(Path(args.results) / f"against_{Path(args.against).resolve().name}.md",
                          table3.against(results, other, grid)))
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)

@@ -64,11 +64,12 @@ class GridError(QkvError, ValueError):
     other changes to the base): skipping them as finished would mix two grids in one table."""
 
 
-def check_results(results: str | Path, variants: Sequence[Variant], made_with: dict[str, Any]) -> None:
+def check_results(results: str | Path, variants: Sequence[Variant],
+                  made_with: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every result already in ``results`` was made as ``made_with`` says (``{"steps": 430}``), else a
     :class:`GridError` that names the file. A value of None is taken from the first result that records
     the key (a report of what is there: its results must agree among themselves); a key that a result
-    does not record (written before it was) is not checked."""
+    does not record (written before it was) is not checked. Returns the results read (:func:`read_results`)."""
     made_with, first = dict(made_with), {}
     found_all = read_results(results, variants)
     for variant in (v for v in variants if v.name in found_all):  # in the grid's order
@@ -82,6 +83,7 @@ def check_results(results: str | Path, variants: Sequence[Variant], made_with: d
                 asked = f"{first[key]} with {want!r}" if key in first else f"this grid asks for {want!r}"
                 raise GridError(f"{path}: made with {key} {found[key]!r}, {asked}; a results folder holds one grid: "
                                 f"give this one its own --results")
+    return found_all
 
 
 def _alive(pid: int) -> bool:

@@ -311,8 +311,8 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     out_dir = Path(out_dir)
     caption = ("Ours: the base recipe's validation split (by default Multi30K de->en val, 1,014 pairs), every "
                f"variant {_budget(results)} steps, beam 4, no averaging; mean ± standard deviation over the seeds "
-               "scored; the differences from the base pair each seed with the base's (the same batches), (n) seeds paired. "
-               "The paper's: newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
+               "scored; the differences from the base pair each seed with the base's (the same batches), (n) seeds "
+               "paired. The paper's: newstest2013, its base model trained 100K steps (perplexity per wordpiece, BLEU beam 4). "
                "Written by `qkv experiment table3`; see docs/EXPERIMENTS.md.\n\n")
     md = write_text(out_dir / "table3.md", caption + markdown(rows))
     if any("ppl" in r for r in rows):
