@@ -171,3 +171,22 @@ def test_two_budgets_are_compared_seed_for_seed():
     # A variant without a base of its seed in one of the two grids is left out of both.
     del long["base_seed2"]
     assert "| A | A | 1 | +0.80 | +0.30 | 1 of 1 | -1.0 | -1.0 | 1 of 1 |" in table3.against(short, long, grid)
+
+
+def test_the_plot_labels_points_away_from_the_base_without_overlapping():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    base = {"ppl": 15.0, "bleu": 25.0}
+    assert table3._beside({"ppl": 15.5, "bleu": 24.5}, base)  # within 1 BLEU and 6%: left unlabelled
+    assert not table3._beside({"ppl": 16.5, "bleu": 24.5}, base) and not table3._beside({"ppl": 15.0, "bleu": 23.5}, base)
+    fig = Figure(figsize=(4, 3))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot([10, 20, 20], [10, 20, 20.1], "o")
+    fig.canvas.draw()
+    table3._place_labels(ax, [("one far off", 10, 10), ("first", 20, 20), ("second", 20, 20.1)])
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert len(boxes) == 3
+    assert not boxes[1].overlaps(boxes[2]), "two labels of nearby points drawn over each other"

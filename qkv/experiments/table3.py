@@ -36,6 +36,8 @@ SEEDS = (1, 2, 3)  # for the base and rows (A) and (E), where the paper's differ
 # The plot's ticks: perplexities on its log axis, differences from the base on the symmetric-log ones.
 PPL_TICKS = (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 30, 40, 60, 100)
 DELTA_TICKS = (-100, -30, -10, -3, -1, 0, 1, 3, 10, 30, 100)  # even steps on a log scale
+# The plot labels a point only beyond these of the base (BLEU points, perplexity ratio): closer ones crowd it.
+NEAR_BLEU, NEAR_PPL = 1.0, 1.06
 
 
 def base_overrides(steps: int) -> list[str]:
@@ -248,8 +250,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
-    """Three panels. Left: BLEU against perplexity, one point per row of ours (with its spread), labelled,
-    the base marked. Then each variant's BLEU and perplexity minus the base's, seed for seed (the spread
+    """Three panels. Left: BLEU against perplexity, one point per row of ours (with its spread), the base
+    marked, labelled where they do not crowd the base (:func:`_beside`). Then each variant's BLEU and perplexity minus the base's, seed for seed (the spread
     over the paired seeds), against the band of seed noise: two runs of the base recipe differ by about
     sqrt(2) times its seeds' standard deviation."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -260,13 +262,22 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
     FigureCanvasAgg(fig)
     ax, *diffs = fig.subplots(1, 3, width_ratios=(3, 2, 2))
     colors = {"base": "black", "A": "tab:blue", "B": "tab:orange", "C": "tab:green", "D": "tab:red", "E": "tab:purple"}
+    base = next((r for r in rows if r["row"] == "base" and "ppl" in r), None)
+    labels: list[tuple[str, float, float]] = []  # (text, perplexity, BLEU), placed once the axes are laid out
+    crowded = 0  # points left unlabelled beside the base
     for r in rows:
         if "ppl" not in r:
             continue
         ax.errorbar(r["ppl"], r["bleu"], xerr=r["ppl_sd"] or None, yerr=r["bleu_sd"] or None, fmt="o",
                     color=colors.get(r["row"], "gray"), capsize=3, markersize=6 if r["row"] == "base" else 4)
-        ax.annotate(f"{r['row']} {r['label']}" if r["row"] != "base" else "base", (r["ppl"], r["bleu"]),
-                    textcoords="offset points", xytext=(4, 3), fontsize=7)
+        if r is not base and base is not None and _beside(r, base):
+            crowded += 1  # a dozen labels over one spot hide each other; the right panels name these
+            continue
+        labels.append((f"{r['row']} {r['label']}" if r is not base else "base", r["ppl"], r["bleu"]))
+    if crowded:
+        ax.text(0.98, 0.98, f"{crowded} unlabelled points lie within {NEAR_BLEU:g} BLEU and {NEAR_PPL - 1:.0%} "
+                "perplexity\nof the base: the panels on the right name each", transform=ax.transAxes,
+                ha="right", va="top", fontsize=7)
     ax.set_xscale("log")  # log perplexity is the loss: equal steps are equal ratios, and outliers stay on the page
     ppls = [r["ppl"] for r in rows if "ppl" in r]
     ax.set_xticks([t for t in PPL_TICKS if min(ppls) / 1.2 <= t <= max(ppls) * 1.2])
@@ -276,16 +287,19 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
     ax.set_ylabel("validation BLEU, beam 4 (higher is better)")
     ax.set_title("Table 3 at small scale: Multi30K de->en, every variant the same steps")
     ax.grid(True, alpha=0.3)
+    fig.canvas.draw()  # the layout, so that labels are placed where they will be drawn
+    _place_labels(ax, labels)
 
     paired = [r for r in rows if "bleu_delta" in r][::-1]  # the first row at the top
-    base = next((r for r in rows if r["row"] == "base" and r.get("seeds", 0) > 1), None)
+    seeded = base if base is not None and base.get("seeds", 0) > 1 else None  # a spread to draw the noise from
     # Linear within +-1 (where the seed noise and the small changes lie), logarithmic beyond, so that one
     # variant far off (row (C)'s N=6 loses 19 BLEU) does not flatten the others against zero.
     for diff, key, name, digits in zip(diffs, ("bleu", "ppl"), ("BLEU", "perplexity"), (1, 2)):
-        if base is not None:
-            noise = math.sqrt(2) * base[f"{key}_sd"]
-            diff.axvspan(-noise, noise, color="gray", alpha=0.2, label=f"seed noise (±{noise:.{digits}f})")
-            diff.legend(loc="best", fontsize=7)
+        title = f"{name}, each change against the base"
+        if seeded is not None:  # named in the title: a legend in the panel covered points
+            noise = math.sqrt(2) * seeded[f"{key}_sd"]
+            diff.axvspan(-noise, noise, color="gray", alpha=0.2)
+            title += f"\n(gray: seed noise, ±{noise:.{digits}f})"
         diff.axvline(0, color="black", linewidth=0.8)
         for y, r in enumerate(paired):
             diff.errorbar(r[f"{key}_delta"], y, xerr=r[f"{key}_delta_sd"] or None, fmt="o", capsize=3, markersize=4,
@@ -297,12 +311,37 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
         diff.set_xticks(ticks, [f"{t:+g}" if t else "0" for t in ticks])
         diff.xaxis.set_minor_formatter(NullFormatter())
         diff.margins(x=0.06)
-        diff.set_xlabel(f"{name} - base's, same seeds (n paired); log beyond ±1")
-        diff.set_title(f"{name}, each change against the base", fontsize=10)
+        diff.set_xlabel(f"{name} - base's, same seeds (n paired)\nlinear within ±1, log beyond")
+        diff.set_title(title, fontsize=10)
         diff.grid(True, axis="x", alpha=0.3)
     with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     return Path(out_png)
+
+
+def _place_labels(ax: Any, labels: list[tuple[str, float, float]], fontsize: float = 7) -> None:
+    """Annotate each point (text, x, y) beside it, on the first side where the label overlaps none placed
+    before: right and above, right and below, left and above, left and below (then right and above)."""
+    px = ax.figure.dpi / 72  # pixels a point
+    width, height = 0.6 * fontsize * px, 1.2 * fontsize * px  # a character's box, roughly
+    taken: list[tuple[float, float, float, float]] = []  # (x0, y0, x1, y1) pixels of the labels placed
+    sides = ((4, 3, "left"), (4, -3 - fontsize, "left"), (-4, 3, "right"), (-4, -3 - fontsize, "right"))
+    for text, x, y in labels:
+        cx, cy = ax.transData.transform((x, y))
+        w = width * len(text)
+        for dx, dy, ha in (*sides, sides[0]):
+            x0 = cx + dx * px - (w if ha == "right" else 0)
+            box = (x0, cy + dy * px, x0 + w, cy + dy * px + height)
+            if not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
+                break
+        taken.append(box)
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=fontsize)
+
+
+def _beside(r: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether row ``r``'s point lies within :data:`NEAR_BLEU` and :data:`NEAR_PPL` of the base's."""
+    ratio = r["ppl"] / base["ppl"]
+    return abs(r["bleu"] - base["bleu"]) < NEAR_BLEU and 1 / NEAR_PPL < ratio < NEAR_PPL
 
 
 def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], out_dir: str | Path) -> list[Path]:
