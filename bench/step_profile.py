@@ -6,7 +6,10 @@ encoder-decoder of bench/beam_mt.py (beam 4 over 16 sources), qkv and HF's on th
 configuration. For each: the wall time of a step (the median of many, unprofiled), the operations
 issued from Python per step (top-level ATen/oneDNN/quantized calls), the time in the weight products
 among them, the time in the other operations, and the rest: Python, module calls and dispatch,
-outside any operation. The totals come from the profiler; the wall time from a plain timed loop.
+outside any operation, and attention's share of the other operations. The totals come from the
+profiler; the wall time from a plain timed loop. The GPT steps keep the cache at the prompt's 16
+positions; "gpt generate" profiles whole generations of bench/generate_gpt.py (the cache growing to
+216), per step.
 
     python bench/step_profile.py [--steps 50] [--out bench/results/step_profile.json]
 """
@@ -21,10 +24,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from beam_mt import searches  # noqa: E402
 from common import time_steps, write_result  # noqa: E402
-from generate_gpt import VOCAB, hf_gpt  # noqa: E402
+from generate_gpt import NEW, PROMPT, VOCAB, hf_gpt  # noqa: E402
 
 PRODUCTS = ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear_pointwise",
             "quantized::linear_dynamic", "mkl::_mkl_linear")
+ATTENTION = "aten::scaled_dot_product_attention"  # one of the other operations, reported on its own too
 
 
 def profile_steps(step, steps: int, per_call: int = 1) -> dict:
@@ -39,9 +43,11 @@ def profile_steps(step, steps: int, per_call: int = 1) -> dict:
     n = steps * per_call
     product_us = sum(e.cpu_time_total for e in top if e.name in PRODUCTS) / n
     other_us = sum(e.cpu_time_total for e in top if e.name not in PRODUCTS) / n
+    attention_us = sum(e.cpu_time_total for e in top if e.name == ATTENTION) / n
     wall_ms = 1000 * statistics.median(times) / per_call
     return {"ms_per_step": wall_ms, "ops_per_step": len(top) / n, "products_ms": product_us / 1000,
-            "other_ops_ms": other_us / 1000, "outside_ops_ms": max(0.0, wall_ms - (product_us + other_us) / 1000)}
+            "other_ops_ms": other_us / 1000, "attention_ms": attention_us / 1000,
+            "outside_ops_ms": max(0.0, wall_ms - (product_us + other_us) / 1000)}
 
 
 def gpt_steps(impl: str, batch: int, sample: bool):
@@ -83,6 +89,19 @@ def gpt_steps(impl: str, batch: int, sample: bool):
     return step
 
 
+def gpt_generations(batch: int):
+    """A function that runs a whole greedy generation as bench/generate_gpt.py times it (16-token prompt,
+    200 new tokens, the default path): the cache grows from 16 to 216 positions, which the steps above keep at 16."""
+    import torch
+
+    from qkv import GPT, preset
+    from qkv.generation import generate
+
+    model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+    prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
+    return lambda: generate(model, prompt, NEW, temperature=0), NEW
+
+
 def main() -> None:
     import torch
 
@@ -97,6 +116,10 @@ def main() -> None:
             for impl in ("qkv", "hf", "qkv-int8"):
                 rows[f"{label}: {impl}"] = profile_steps(gpt_steps(impl, batch, sample), args.steps)
                 print(f"{label}: {impl}: {rows[f'{label}: {impl}']}", file=sys.stderr)
+        for batch in (1, 8):  # a whole generation, per step
+            run, per_call = gpt_generations(batch)
+            rows[f"gpt generate, batch {batch}: qkv"] = profile_steps(run, 3, per_call=per_call)
+            print(f"generate, batch {batch}: {rows[f'gpt generate, batch {batch}: qkv']}", file=sys.stderr)
         for impl, name in (("qkv", "qkv"), ("hf", "marian")):  # a whole search, its encoder included, per step
             rows[f"beam 4, 16 sources: {impl}"] = profile_steps(searches(name, "small"), 3, per_call=31)
             print(f"beam: {impl}: {rows[f'beam 4, 16 sources: {impl}']}", file=sys.stderr)

@@ -179,7 +179,8 @@ def test_the_plot_labels_points_away_from_the_base_without_overlapping():
 
     base = {"ppl": 15.0, "bleu": 25.0}
     assert table3._beside({"ppl": 15.5, "bleu": 24.5}, base)  # within 1 BLEU and 6%: left unlabelled
-    assert not table3._beside({"ppl": 16.5, "bleu": 24.5}, base) and not table3._beside({"ppl": 15.0, "bleu": 23.5}, base)
+    assert not table3._beside({"ppl": 16.5, "bleu": 24.5}, base)  # 10% more perplexity
+    assert not table3._beside({"ppl": 15.0, "bleu": 23.5}, base)  # 1.5 BLEU less
     fig = Figure(figsize=(4, 3))
     FigureCanvasAgg(fig)
     ax = fig.subplots()

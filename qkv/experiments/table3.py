@@ -251,9 +251,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
     """Three panels. Left: BLEU against perplexity, one point per row of ours (with its spread), the base
-    marked, labelled where they do not crowd the base (:func:`_beside`). Then each variant's BLEU and perplexity minus the base's, seed for seed (the spread
-    over the paired seeds), against the band of seed noise: two runs of the base recipe differ by about
-    sqrt(2) times its seeds' standard deviation."""
+    marked, each labelled unless it crowds the base (:func:`_beside`). Then each variant's BLEU and
+    perplexity minus the base's, seed for seed (the spread over the paired seeds), against the band of
+    seed noise: two runs of the base recipe differ by about sqrt(2) times its seeds' standard deviation."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter, ScalarFormatter
