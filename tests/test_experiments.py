@@ -184,10 +184,12 @@ def test_the_plot_labels_points_away_from_the_base_without_overlapping():
     fig = Figure(figsize=(4, 3))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    ax.plot([10, 20, 20], [10, 20, 20.1], "o")
+    ax.plot([10, 20, 20, 15], [10, 15, 15.1, 20], "o")
     fig.canvas.draw()
-    table3._place_labels(ax, [("one far off", 10, 10), ("first", 20, 20), ("second", 20, 20.1)])
+    table3._place_labels(ax, [("one far off", 10, 10), ("first", 20, 15), ("second", 20, 15.1)])
     fig.canvas.draw()
     boxes = [t.get_window_extent() for t in ax.texts]
     assert len(boxes) == 3
     assert not boxes[1].overlaps(boxes[2]), "two labels of nearby points drawn over each other"
+    frame = ax.bbox  # the points at the right edge are labelled on their left, inside the axes
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 for b in boxes), [(b.x0, b.x1) for b in boxes]

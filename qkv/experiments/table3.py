@@ -287,8 +287,6 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
     ax.set_ylabel("validation BLEU, beam 4 (higher is better)")
     ax.set_title("Table 3 at small scale: Multi30K de->en, every variant the same steps")
     ax.grid(True, alpha=0.3)
-    fig.canvas.draw()  # the layout, so that labels are placed where they will be drawn
-    _place_labels(ax, labels)
 
     paired = [r for r in rows if "bleu_delta" in r][::-1]  # the first row at the top
     seeded = base if base is not None and base.get("seeds", 0) > 1 else None  # a spread to draw the noise from
@@ -314,16 +312,20 @@ def plot(rows: list[dict[str, Any]], out_png: str | Path) -> Path:
         diff.set_xlabel(f"{name} - base's, same seeds (n paired)\nlinear within ±1, log beyond")
         diff.set_title(title, fontsize=10)
         diff.grid(True, axis="x", alpha=0.3)
+    fig.canvas.draw()  # the layout of all three panels, so that labels are placed where they will be drawn
+    _place_labels(ax, labels)
     with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     return Path(out_png)
 
 
 def _place_labels(ax: Any, labels: list[tuple[str, float, float]], fontsize: float = 7) -> None:
-    """Annotate each point (text, x, y) beside it, on the first side where the label overlaps none placed
-    before: right and above, right and below, left and above, left and below (then right and above)."""
+    """Annotate each point (text, x, y) beside it, on the first side where the label stays inside the axes
+    and overlaps none placed before: right and above, right and below, left and above, left and below
+    (then right and above)."""
     px = ax.figure.dpi / 72  # pixels a point
     width, height = 0.6 * fontsize * px, 1.2 * fontsize * px  # a character's box, roughly
+    frame = ax.bbox  # the axes, in pixels
     taken: list[tuple[float, float, float, float]] = []  # (x0, y0, x1, y1) pixels of the labels placed
     sides = ((4, 3, "left"), (4, -3 - fontsize, "left"), (-4, 3, "right"), (-4, -3 - fontsize, "right"))
     for text, x, y in labels:
@@ -332,7 +334,8 @@ def _place_labels(ax: Any, labels: list[tuple[str, float, float]], fontsize: flo
         for dx, dy, ha in (*sides, sides[0]):
             x0 = cx + dx * px - (w if ha == "right" else 0)
             box = (x0, cy + dy * px, x0 + w, cy + dy * px + height)
-            if not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
+            inside = frame.x0 <= box[0] and box[2] <= frame.x1 and frame.y0 <= box[1] and box[3] <= frame.y1
+            if inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
                 break
         taken.append(box)
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=fontsize)
