@@ -84,8 +84,11 @@ class CompiledStep:
             left padding of shorter prompts).
     """
 
+    needs_compiler = True  # torch.compile's inductor builds C++ (a step compiled before and loaded does not)
+
     def __init__(self, model: torch.nn.Module, prompt: Tensor) -> None:
-        check_can_compile(prompt.device)
+        if self.needs_compiler:
+            check_can_compile(prompt.device)
         caches = [m.cache for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
         if not caches:
             raise ValueError("CompiledStep needs a model with caches set up (model.setup_cache)")
@@ -102,7 +105,17 @@ class CompiledStep:
         self.slot = torch.zeros(1, dtype=torch.long, device=prompt.device)
         for cache in caches:
             cache.slot = self.slot
-        self.forward = torch.compile(model, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
+        try:
+            self.forward = self.compile(model)
+        except BaseException:
+            self.close()  # the model as it was, whatever stopped the compiling or loading
+            raise
+
+    def compile(self, model: nn.Module) -> Any:
+        """``model`` compiled for the step, as ``forward(tokens, mask=..., positions=...)``: by torch.compile
+        here, lazily (the first call compiles); :class:`~qkv.generation.precompiled.LoadedStep` loads one
+        compiled ahead of time instead."""
+        return torch.compile(model, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
 
     def _swap(self, module: nn.Module, name: str, value: Any) -> None:
         old = type(module) if name == "__class__" else module.__dict__.get(name)

@@ -20,11 +20,12 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
-from qkv.config import COMPILE_AFTER, ConfigError
+from qkv.config import COMPILE_AFTER, PRECOMPILED_AFTER, ConfigError
 from qkv.generation.api import InputError, InputTooLongError
 from qkv.generation.compiled import CompiledStep, check_can_compile, cpu_compiler_available
 from qkv.generation.decode import generate
 from qkv.generation.kernels import end_decoding, start_decoding, step_linears
+from qkv.generation.precompiled import LoadedStep, find, precompile
 from qkv.generation.sampling import check_sampling_args, next_token
 from qkv.generation.quantize import check_quantize, quantized
 from qkv.io import DEVICE_DEFAULT, model_device, resolve_device
@@ -50,6 +51,27 @@ class Completer:
         self.device = model_device(model)
         if compile:
             check_can_compile(self.device)
+        self._package: Path | None | bool = False  # the step compiled ahead of time: not looked for yet
+
+    def package(self) -> Path | None:
+        """The package of this model's step compiled ahead of time (qkv.generation.precompiled), if one was
+        built on this machine for these weights; looked for once."""
+        if self._package is False:
+            self._package = find(self.model)
+        return self._package  # type: ignore[return-value]
+
+    def precompile(self) -> tuple[Path, float]:
+        """Compile this model's step ahead of time, unless it was (:func:`~qkv.generation.precompiled.precompile`)."""
+        path, seconds = precompile(self.model)
+        self._package = path
+        return path, seconds
+
+    def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether a generation runs the step compiled ahead of time: one prompt, ``config.PRECOMPILED_AFTER``
+        new tokens or more, no torch.compile asked for or chosen (:meth:`compiles`), ``compile=False``
+        not given, and a package for these weights on this machine (loading it takes ~0.1 s)."""
+        return (rows == 1 and self.compile is not False and max_new_tokens >= PRECOMPILED_AFTER
+                and not self.compiles(max_new_tokens, rows) and self.package() is not None)
 
     def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs compiled steps.
@@ -154,13 +176,16 @@ class Completer:
         if max_new_tokens == 0:
             return ""
         step: CompiledStep | None = None
-        compiled = self.compiles(max_new_tokens)
+        compiled, loaded = self.compiles(max_new_tokens), self.loads(max_new_tokens)
         try:
-            start_decoding(model, 1, ctx, packed=not compiled)  # compiled steps use no packing
+            start_decoding(model, 1, ctx, packed=not (compiled or loaded))  # compiled steps use no packing
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
             prompt = torch.ones(1, cached, dtype=torch.bool, device=self.device)  # (1, T): no padding
-            step = CompiledStep(model, prompt) if compiled else None
+            if compiled:
+                step = CompiledStep(model, prompt)
+            elif loaded:
+                step = LoadedStep(model, prompt, self.package())
             for i in range(max_new_tokens):
                 tok = int(next_token(logits, temperature, top_k, top_p, gen)[0])
                 if eos is not None and tok == eos:

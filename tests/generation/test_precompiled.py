@@ -1,0 +1,87 @@
+"""A decoding step compiled ahead of time is kept, found again only for the same weights, and gives the eager
+model's tokens (qkv.generation.precompiled)."""
+
+import pytest
+import torch
+
+from qkv import GPT, preset
+from qkv.config import PRECOMPILED_AFTER
+from qkv.generation import precompiled
+from qkv.generation.compiled import cpu_compiler_available
+from qkv.generation.completer import Completer
+from qkv.tokenizers.char import CharTokenizer
+
+pytestmark = pytest.mark.skipif(not cpu_compiler_available(), reason="AOTInductor builds C++: it needs a compiler")
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_built_for():
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
+    torch.manual_seed(0)
+    model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=48)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)  # greedy tokens that vary, so that a step reading a wrong cache slot shows
+    eager = Completer(model, tok, compile=False)
+    n = PRECOMPILED_AFTER + 4
+    expected = eager.complete("the cat", max_new_tokens=n, temperature=0)
+    assert len(set(expected)) > 3, expected
+
+    auto = Completer(model, tok)
+    assert auto.package() is None and not auto.loads(n)  # nothing built yet: eager
+    path, seconds = auto.precompile()
+    assert path.is_file() and seconds > 0 and path.parent.name == "steps"
+    assert precompiled.precompile(model) == (path, 0.0)  # built once
+
+    later = Completer(model, tok)  # another Completer, as another process would be
+    assert later.loads(n) and not later.loads(PRECOMPILED_AFTER - 1) and not later.loads(n, rows=2)
+    assert not Completer(model, tok, compile=False).loads(n)
+    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected
+    # The window slides past the context: the loaded step gives way to recomputing, as the compiled one does.
+    long = "the quick brown fox jumps over"
+    assert later.complete(long, max_new_tokens=n, temperature=0, sliding_window=True) == eager.complete(
+        long, max_new_tokens=n, temperature=0, sliding_window=True)
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))  # put back
+
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1e-3  # one weight changed: the package is another model's
+    assert Completer(model, tok).package() is None
+
+
+def test_qkv_generate_precompiles_then_loads_and_says_so(tmp_path, capsys):
+    from qkv.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh \n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", "lm", "--recipe", "baby", f"data.path={text}", "model.d_model=16", "model.n_heads=2",
+                 "model.n_layers=1", "model.d_ff=32", "model.max_len=48", "train.context=16", "train.steps=2",
+                 "train.eval_every=2", "train.eval_iters=1", "train.threads=1", "--run", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    argv = ["generate", "--run", str(run), "-n", str(PRECOMPILED_AFTER), "--temperature", "0", "--device", "cpu"]
+    assert main([*argv, "--no-compile", "ab"]) == 0
+    eager = capsys.readouterr()
+    assert "ahead of time" not in eager.err
+    assert main([*argv, "--precompile", "ab"]) == 0
+    built = capsys.readouterr()
+    assert "compiled ahead of time in" in built.err and "running the decoding step compiled ahead of time" in built.err
+    assert main([*argv, "ab"]) == 0  # later: found and loaded by default
+    loaded = capsys.readouterr()
+    assert "running the decoding step compiled ahead of time" in loaded.err
+    assert eager.out == built.out == loaded.out
+    assert main([*argv, "--no-compile", "ab"]) == 0 and "ahead of time" not in capsys.readouterr().err
+    # A damaged package: one line naming the file and what to do, the model left as it was.
+    package = next((tmp_path / "cache" / "qkv" / "steps").glob("*.pt2"))
+    package.write_bytes(b"not a package")
+    assert main([*argv, "ab"]) == 2
+    err = capsys.readouterr().err
+    error = err.splitlines()[-1]  # after the notice that it would run the package
+    assert error.startswith("qkv generate: error: " + str(package)) and "delete the file" in error, err
+    assert "Traceback" not in err
+    # An int8 model has no fp32 step to compile: one line saying so.
+    assert main([*argv, "--precompile", "--quantize", "int8", "ab"]) == 2
+    assert "drop --quantize" in capsys.readouterr().err
