@@ -124,16 +124,11 @@ def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeyp
     assert not auto.compiles(COMPILE_AFTER)  # no compiler: eager, silently
 
 
-def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tmp_path, monkeypatch, capsys):
+def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tiny_lm_run, monkeypatch, capsys):
     from qkv.cli import main
     from qkv.generation import completer as C
 
-    text = tmp_path / "t.txt"
-    text.write_text("abcdefgh \n" * 200, encoding="utf-8")
-    run = tmp_path / "run"
-    assert main(["train", "lm", "--recipe", "baby", f"data.path={text}", "model.d_model=16", "model.n_heads=2",
-                 "model.n_layers=1", "model.d_ff=32", "model.max_len=32", "train.context=16", "train.steps=2",
-                 "train.eval_every=2", "train.eval_iters=1", "train.threads=1", "--run", str(run), "--quiet"]) == 0
+    run = tiny_lm_run()
     capsys.readouterr()
     monkeypatch.setattr(C, "COMPILE_AFTER", 8)
     argv = ["generate", "--run", str(run), "-n", "8", "--temperature", "0", "--device", "cpu", "ab"]

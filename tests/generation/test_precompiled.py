@@ -52,15 +52,10 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert Completer(model, tok).package() is None
 
 
-def test_qkv_generate_precompiles_then_loads_and_says_so(tmp_path, capsys):
+def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, capsys):
     from qkv.cli import main
 
-    text = tmp_path / "t.txt"
-    text.write_text("abcdefgh \n" * 200, encoding="utf-8")
-    run = tmp_path / "run"
-    assert main(["train", "lm", "--recipe", "baby", f"data.path={text}", "model.d_model=16", "model.n_heads=2",
-                 "model.n_layers=1", "model.d_ff=32", "model.max_len=48", "train.context=16", "train.steps=2",
-                 "train.eval_every=2", "train.eval_iters=1", "train.threads=1", "--run", str(run), "--quiet"]) == 0
+    run = tiny_lm_run(max_len=48)  # room for the prompt and PRECOMPILED_AFTER new tokens
     capsys.readouterr()
     argv = ["generate", "--run", str(run), "-n", str(PRECOMPILED_AFTER), "--temperature", "0", "--device", "cpu"]
     assert main([*argv, "--no-compile", "ab"]) == 0
