@@ -167,7 +167,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.compile is None and args.prompt is not None and completer.compiles(args.max_new_tokens):
         print(f"qkv generate: compiling the decoding step, which {args.max_new_tokens} new tokens repay "
               "(--no-compile decodes eagerly)", file=sys.stderr)
-    elif args.prompt is not None and completer.loads(args.max_new_tokens):
+    if args.prompt is not None and completer.loads(args.max_new_tokens):
         print(f"qkv generate: running the decoding step compiled ahead of time ({completer.package()}; "
               "--no-compile decodes eagerly)", file=sys.stderr)
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

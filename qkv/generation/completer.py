@@ -67,11 +67,12 @@ class Completer:
         return path, seconds
 
     def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
-        """Whether a generation runs the step compiled ahead of time: one prompt, ``config.PRECOMPILED_AFTER``
-        new tokens or more, no torch.compile asked for or chosen (:meth:`compiles`), ``compile=False``
-        not given, and a package for these weights on this machine (loading it takes ~0.1 s)."""
-        return (rows == 1 and self.compile is not False and max_new_tokens >= PRECOMPILED_AFTER
-                and not self.compiles(max_new_tokens, rows) and self.package() is not None)
+        """Whether a generation runs the step compiled ahead of time: by default (``compile=None``; True
+        asks for torch.compile's, False for none), for one prompt of ``config.PRECOMPILED_AFTER`` new
+        tokens or more, where a package for these weights was built on this machine (loading it takes
+        ~0.1 s; the step runs faster than torch.compile's, which it then replaces)."""
+        return (rows == 1 and self.compile is None and max_new_tokens >= PRECOMPILED_AFTER
+                and self.package() is not None)
 
     def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs compiled steps.
@@ -79,13 +80,14 @@ class Completer:
         Only one prompt's steps are compiled (larger batches decode eagerly, where the weight products
         dominate). By default (``compile=None``) they are where the generation is long enough to repay
         compiling (``config.COMPILE_AFTER`` tokens), on a CPU with a C++ compiler, for a model whose
-        steps run fp32 linear maps (not an int8 one).
+        steps run fp32 linear maps (not an int8 one), unless a step compiled ahead of time runs instead
+        (:meth:`loads`).
         """
         if rows != 1 or self.compile is False:
             return False
         if self.compile:
             return True
-        return (max_new_tokens >= COMPILE_AFTER and self.device.type == "cpu" and bool(step_linears(self.model))
+        return (max_new_tokens >= COMPILE_AFTER and not self.loads(max_new_tokens, rows) and self.device.type == "cpu" and bool(step_linears(self.model))
                 and cpu_compiler_available())
 
     @classmethod

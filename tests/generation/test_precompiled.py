@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qkv import GPT, preset
-from qkv.config import PRECOMPILED_AFTER
+from qkv.config import COMPILE_AFTER, PRECOMPILED_AFTER
 from qkv.generation import precompiled
 from qkv.generation.compiled import cpu_compiler_available
 from qkv.generation.completer import Completer
@@ -40,6 +40,8 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     later = Completer(model, tok)  # another Completer, as another process would be
     assert later.loads(n) and not later.loads(PRECOMPILED_AFTER - 1) and not later.loads(n, rows=2)
     assert not Completer(model, tok, compile=False).loads(n)
+    assert not later.compiles(10 * COMPILE_AFTER)  # long generations too run the package, not torch.compile's
+    assert Completer(model, tok, compile=True).compiles(n) and not Completer(model, tok, compile=True).loads(n)
     assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected
     # The window slides past the context: the loaded step gives way to recomputing, as the compiled one does.
     long = "the quick brown fox jumps over"
