@@ -87,8 +87,8 @@ class Completer:
             return False
         if self.compile:
             return True
-        return (max_new_tokens >= COMPILE_AFTER and not self.loads(max_new_tokens, rows) and self.device.type == "cpu" and bool(step_linears(self.model))
-                and cpu_compiler_available())
+        return (max_new_tokens >= COMPILE_AFTER and not self.loads(max_new_tokens, rows) and self.device.type == "cpu"
+                and bool(step_linears(self.model)) and cpu_compiler_available())
 
     @classmethod
     def from_run(cls, run: Run | str | Path, device: str | torch.device | None = DEVICE_DEFAULT,

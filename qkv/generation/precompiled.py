@@ -97,8 +97,6 @@ class _Step(nn.Module):
 def precompile(model: nn.Module) -> tuple[Path, float]:
     """Build the package of ``model``'s step (about a minute at the nanoGPT config) unless it exists;
     return its path and the seconds spent (0 if it was there)."""
-    import torch._inductor  # here only: building needs inductor, loading a package never imports it
-
     if not can_precompile(model):
         raise ConfigError("only an fp32 GPT on a CPU, in eval mode, has a decoding step that can be compiled "
                           "ahead of time (not an int8 one: drop --quantize)")
@@ -106,6 +104,7 @@ def precompile(model: nn.Module) -> tuple[Path, float]:
     if path.is_file():
         return path, 0.0
     check_can_compile(torch.device("cpu"))
+    from torch._inductor import aoti_compile_and_package  # here only: 2.7 s to import, which loading never pays
     t0 = time.perf_counter()
     start_decoding(model, 1, model.cfg.max_len, packed=False)
     try:
@@ -122,8 +121,8 @@ def precompile(model: nn.Module) -> tuple[Path, float]:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp, warnings.catch_warnings():  # a package is there whole or not at all
             warnings.simplefilter("ignore", FutureWarning)
-            built = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp) + ".pt2",
-                                                              inductor_configs=dict(INDUCTOR_OPTIONS))
+            built = aoti_compile_and_package(exported, package_path=str(tmp) + ".pt2",
+                                             inductor_configs=dict(INDUCTOR_OPTIONS))
             os.replace(built, tmp)
     finally:
         end_decoding(model)
@@ -147,9 +146,10 @@ class LoadedStep(CompiledStep):
         try:
             loader = torch._C._aoti.AOTIModelPackageLoader(str(self.package), "model", False, 1, -1)
         except RuntimeError as e:  # a damaged package: built whole (atomically), but a disk can fail
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DataError(f"{self.package}: the decoding step compiled ahead of time could not be loaded "
-                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); delete the file "
-                           "(qkv generate --precompile builds it again), or decode with --no-compile") from None
+                            f"({reason}); delete the file (qkv generate --precompile builds it again), or "
+                            "decode with --no-compile") from None
         kv = [t for c in caches_of(model) for t in (c.k, c.v)]
         slot = self.slot
 
