@@ -225,12 +225,18 @@ def test_two_launchers_as_two_nodes_train_what_one_launcher_does(gpt):
     """torchrun's c10d rendezvous on 127.0.0.1: nothing qkv-specific, one process per "node"."""
     root, recipe = gpt
     port = _port()
+    # The rendezvous store lives here, not in one of the launchers: a launcher that hosts it closes it when
+    # its own worker is done, and the other launcher, still polling the store, failed with a broken pipe
+    # (1 run in many). Hosting the store apart is what a cluster does with its rendezvous endpoint.
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, wait_for_workers=False)
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=qkv-test", "--max-restarts=0", "-m", "qkv", "train", "lm",
-         "--recipe", str(recipe), "--run-dir", str(root / "nodes"), "--quiet"],
+         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=is_host=false", "--rdzv-id=qkv-test", "--max-restarts=0",
+         "-m", "qkv", "train", "lm", "--recipe", str(recipe), "--run-dir", str(root / "nodes"), "--quiet"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for code, _, stderr in finish(procs):
+    results = finish(procs)
+    del store  # after both launchers are done
+    for code, _, stderr in results:
         assert code == 0, stderr[-3000:]
     assert_same_run(root / "one", root / "nodes")
 
