@@ -15,6 +15,8 @@ the run's own (its build time recorded), then fresh processes alternate:
   as the machine has it, warm after a first round);
 - ``aot``: the package loaded (``LoadedStep``, what ``qkv generate`` runs once the package exists);
   every step's logits checked against an eager model's afterwards;
+- ``completer`` and ``completer-eager``: ``qkv generate``'s own loop (``Completer.complete``, a
+  character tokenizer) with the package found and loaded, and with ``--no-compile``;
 - ``ct2`` and ``hf``: CTranslate2 and HF ``generate`` as bench/generate_gpt.py runs them at batch 1.
 ``ready_s`` is the time from the model built to the step ready (jit: its first call; aot: the
 load), ``first_token_since_start_s`` the time from the process's start (before torch is imported) to
@@ -41,8 +43,10 @@ import torch  # noqa: E402
 from qkv import GPT, preset  # noqa: E402
 from qkv.generation import generate  # noqa: E402
 from qkv.generation.compiled import CompiledStep  # noqa: E402
+from qkv.generation.completer import Completer  # noqa: E402
 from qkv.generation.kernels import CACHE_ENV, cache_path, end_decoding, start_decoding  # noqa: E402
 from qkv.generation.precompiled import LoadedStep, package_path, precompile  # noqa: E402
+from qkv.tokenizers.char import CharTokenizer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import median_of, run_alternating, write_result  # noqa: E402
@@ -81,6 +85,14 @@ def worker(impl: str) -> dict:
         return {"impl": impl, "ready_s": 0.0, "first_token_since_start_s": float("nan"),
                 "ms_per_token": peer["ms_per_step"]}
     model, prompt = model_and_prompt()
+    if impl in ("completer", "completer-eager"):  # qkv generate's own loop (text in, text out), 200 tokens
+        tokenizer = CharTokenizer([chr(c) for c in range(32, 32 + VOCAB - 4)])  # + <pad> <bos> <eos> <unk>
+        completer = Completer(model, tokenizer, compile=False if impl == "completer-eager" else None)
+        completer.complete("ROMEO:", max_new_tokens=NEW, temperature=0)  # the package loaded, the kernels chosen
+        t0 = time.perf_counter()
+        completer.complete("ROMEO:", max_new_tokens=NEW, temperature=0)
+        return {"impl": impl, "ready_s": 0.0, "first_token_since_start_s": float("nan"),
+                "ms_per_token": 1000 * (time.perf_counter() - t0) / NEW, "loaded": completer.loads(NEW)}
     with torch.no_grad():
         if impl == "eager":
             first_token = []

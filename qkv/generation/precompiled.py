@@ -19,12 +19,14 @@ generations of one prompt over the model's whole context.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -129,6 +131,20 @@ def precompile(model: nn.Module) -> tuple[Path, float]:
     return path, time.perf_counter() - t0
 
 
+@functools.lru_cache(maxsize=2)
+def _loader(package: str, mtime_ns: int, size: int) -> Any:
+    """The package's loaded step, kept for the process while the file is unchanged (``mtime_ns``, ``size``):
+    loading reads the package (its weights and kernels), 55 ms at the nanoGPT config, which every
+    generation of a Completer paid again (0.3 ms a token at 200)."""
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(package, "model", False, 1, -1)
+    except RuntimeError as e:  # a damaged package: built whole (atomically), but a disk can fail
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{package}: the decoding step compiled ahead of time could not be loaded ({reason}); "
+                        "delete the file (qkv generate --precompile builds it again), or decode with "
+                        "--no-compile") from None
+
+
 class LoadedStep(CompiledStep):
     """:class:`~qkv.generation.compiled.CompiledStep` with the package's step in place of torch.compile's.
 
@@ -143,13 +159,8 @@ class LoadedStep(CompiledStep):
         super().__init__(model, prompt)
 
     def compile(self, model: nn.Module):
-        try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(self.package), "model", False, 1, -1)
-        except RuntimeError as e:  # a damaged package: built whole (atomically), but a disk can fail
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise DataError(f"{self.package}: the decoding step compiled ahead of time could not be loaded "
-                            f"({reason}); delete the file (qkv generate --precompile builds it again), or "
-                            "decode with --no-compile") from None
+        found = self.package.stat()  # a package rewritten since (built anew, or damaged) is loaded anew
+        loader = _loader(str(self.package), found.st_mtime_ns, found.st_size)
         kv = [t for c in caches_of(model) for t in (c.k, c.v)]
         slot = self.slot
 
