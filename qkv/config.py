@@ -39,8 +39,8 @@ MAX_TOKENS = 4000
 # itself after ~2,000 tokens.
 COMPILE_AFTER = 2048
 # From how many new tokens of one prompt `qkv generate` runs the step compiled ahead of time, where one was
-# built for the model on this machine (qkv.generation.precompiled): loading it takes ~0.1 s, which the
-# ~4 ms it saves a token at the nanoGPT config repay after a few dozen tokens.
+# built for the model on this machine (qkv.generation.precompiled): loading it takes ~0.1 s once a process,
+# which the 2-3 ms it saves a token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
 PRECOMPILED_AFTER = 32
 
 

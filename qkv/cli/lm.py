@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"seconds of compiling (needs a C++ compiler); by default from {COMPILE_AFTER} new tokens on, "
                         "where that repays it; --no-compile: never")
     p.add_argument("--precompile", action="store_true",
-                   help="compile the decoding step ahead of time for this model and machine (about a minute, "
-                        "once; needs a C++ compiler) and keep it in the user cache: from then on every "
+                   help="compile the decoding step ahead of time for this model and machine (20-40 s at the "
+                        "nanoGPT config, once; needs a C++ compiler) and keep it in the user cache: from then on every "
                         f"generation of {PRECOMPILED_AFTER} or more tokens of one prompt loads it in ~0.1 s")
     add_quantize(p)
     p.set_defaults(func=_generate)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from qkv.generation.kernels import compiled_linear, step_linears
 from qkv.modules.attention import Attention, SelfAttention, scaled_dot_product_attention
+from qkv.modules.kv_cache import KVCache
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
 # consumes it (the erf of GELU 384 times over). Storing such results once made a step 2.7 ms instead
@@ -67,6 +68,12 @@ def _observes_nothing() -> None:
     return None
 
 
+def caches_of(model: nn.Module) -> list[KVCache]:
+    """The KV caches set up in ``model``'s self-attention layers, in the model's order (the order in which a
+    step compiled ahead of time takes their tensors, qkv.generation.precompiled)."""
+    return [m.cache for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
+
+
 class _CompiledLinear(nn.Linear):
     """A linear map inside a compiled step. Its modules take this class for the time of the generation: one
     class, so that every generation's step finds the graph inductor compiled for the first."""
@@ -89,7 +96,7 @@ class CompiledStep:
     def __init__(self, model: torch.nn.Module, prompt: Tensor) -> None:
         if self.needs_compiler:
             check_can_compile(prompt.device)
-        caches = [m.cache for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
+        caches = caches_of(model)
         if not caches:
             raise ValueError("CompiledStep needs a model with caches set up (model.setup_cache)")
         self._swapped: list[tuple[nn.Module, str, Any]] = []

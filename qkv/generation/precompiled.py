@@ -7,14 +7,14 @@ generations repay. Here the same step, transformed the same way, is exported onc
 (``torch.export``, with the KV cache's tensors and the slot as inputs that the step writes in place)
 and compiled by AOTInductor into a package in the user cache. A later process loads it with
 PyTorch's C++ loader in ~0.1 s, without importing inductor, so every generation of a few dozen tokens
-gains: on a 2-core AMD EPYC, 6.3 ms a token against 10.2 eager and CTranslate2's 7.0
-(docs/BENCHMARKS.md).
+gains: on a 2-core AMD EPYC, 6.6 ms a token against 9.7 eager and CTranslate2's 7.6, and `qkv
+generate` as a whole at 1.05x CTranslate2 (bench/aot_step.py, docs/BENCHMARKS.md).
 
 A package holds the model's weights and the kernels built for this CPU and torch: its name is a digest
 of the model (class, configuration, every weight), the torch version and the CPU
 (:func:`~qkv.io.cpu_identity`), so a changed weight or another machine never loads a stale one.
-Building one takes about a minute (``qkv generate --precompile``, or :func:`precompile`); it serves
-generations of one prompt over the model's whole context.
+Building one takes 20-40 s at the nanoGPT config (``qkv generate --precompile``, or :func:`precompile`);
+it serves generations of one prompt over the model's whole context.
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from qkv.config import ConfigError
-from qkv.generation.compiled import INDUCTOR_OPTIONS, CompiledStep, check_can_compile
+from qkv.generation.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
 from qkv.generation.kernels import end_decoding, start_decoding, step_linears
 from qkv.io import DataError, atomic_path, cpu_identity, user_cache
 from qkv.models import GPT
-from qkv.modules.attention import SelfAttention
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.
 FORMAT = 1
@@ -76,11 +75,6 @@ def find(model: nn.Module) -> Path | None:
     return path if path.is_file() else None
 
 
-def caches_of(model: nn.Module) -> list:
-    """The KV caches of ``model``'s self-attention layers, in the order the package takes their tensors."""
-    return [m.cache for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
-
-
 class _Step(nn.Module):
     """The step with every input explicit, as the package runs it: the token, its position, the key mask,
     the cache slot, and each self-attention cache's keys and values, which the step writes at the slot."""
@@ -97,7 +91,7 @@ class _Step(nn.Module):
 
 @torch.no_grad()
 def precompile(model: nn.Module) -> tuple[Path, float]:
-    """Build the package of ``model``'s step (about a minute at the nanoGPT config) unless it exists;
+    """Build the package of ``model``'s step (20-40 s at the nanoGPT config) unless it exists;
     return its path and the seconds spent (0 if it was there)."""
     if not can_precompile(model):
         raise ConfigError("only an fp32 GPT on a CPU, in eval mode, has a decoding step that can be compiled "
