@@ -45,7 +45,7 @@ from qkv.generation import generate  # noqa: E402
 from qkv.generation.compiled import CompiledStep  # noqa: E402
 from qkv.generation.completer import Completer  # noqa: E402
 from qkv.generation.kernels import CACHE_ENV, cache_path, end_decoding, start_decoding  # noqa: E402
-from qkv.generation.precompiled import LoadedStep, package_path, precompile  # noqa: E402
+from qkv.generation.precompiled import LoadedStep, cache_slots, package_path, precompile  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,10 +64,11 @@ def model_and_prompt():
     return model, prompt
 
 
-def prepared(model, prompt):
-    """The model with caches of its whole context and the prompt prefilled, as a compiled step needs them;
-    returns the first new token and the prompt's mask."""
-    start_decoding(model, 1, model.cfg.max_len, packed=False)
+def prepared(model, prompt, slots: int):
+    """The model with caches of ``slots`` positions and the prompt prefilled, as a compiled step needs them
+    (torch.compile's: the model's context; the package's: ``cache_slots``); returns the first new token
+    and the prompt's mask."""
+    start_decoding(model, 1, slots, packed=False)
     first = model(prompt)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
     return first, torch.ones_like(prompt, dtype=torch.bool)
 
@@ -102,7 +103,7 @@ def worker(impl: str) -> dict:
             return {"impl": impl, "ready_s": 0.0, "first_token_since_start_s": first_token[0] - STARTED,
                     "ms_per_token": 1000 * (time.perf_counter() - t0) / NEW}
         t0 = time.perf_counter()
-        first, mask = prepared(model, prompt)
+        first, mask = prepared(model, prompt, cache_slots(model) if impl == "aot" else model.cfg.max_len)
         step = LoadedStep(model, mask, package_path(model)) if impl == "aot" else CompiledStep(model, mask)
         times, seen, fed = [], [], [first]
         for i in range(NEW):

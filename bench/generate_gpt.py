@@ -11,6 +11,9 @@ same way as HF documents it (``hf-compile``: a static cache and a compiled forwa
 (``--quantize int8``: PyTorch's dynamic quantization) and CTranslate2 4.8.5 on the same weights
 (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8 compute type),
 given the same threads as torch. fp32 unless named, eval mode, torch.inference_mode for all.
+``qkv-aot`` runs the step compiled ahead of time for the batch size (qkv.generation.precompiled, as
+``qkv generate`` does once ``--precompile`` built it): the packages are built first, in a user cache of
+the run's own, their build times recorded.
 ``floor`` is the time of the layers' weight products alone, one product per weight and step on the
 kernels qkv chooses: what qkv's eager step costs before attention, norms, activations and Python.
 
@@ -24,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
@@ -48,18 +52,21 @@ def worker(impl: str, batch: int, reps: int) -> dict:
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     model_kind = linear_backend_for(impl)  # qkv-aten builds qkv, on F.linear
-    if model_kind in ("qkv", "qkv-nocache", "qkv-compile", "qkv-int8"):
+    if model_kind in ("qkv", "qkv-nocache", "qkv-compile", "qkv-int8", "qkv-aot"):
         from qkv import GPT, preset
         from qkv.generation import generate
+        from qkv.generation.precompiled import find
         from qkv.generation.quantize import quantized
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
         if impl == "qkv-int8":
             model = quantized(model)
         use_cache, compile_ = impl != "qkv-nocache", impl == "qkv-compile"
+        package = find(model, batch) if impl == "qkv-aot" else None
+        assert package is not None or impl != "qkv-aot", "the package was built before the workers"
 
         def run():
-            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_)
+            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_, package=package)
             assert all(len(o) == NEW for o in out)
     elif impl in ("hf", "hf-compile"):
         model = hf_gpt()
@@ -127,6 +134,30 @@ def main() -> None:
     result = {"benchmark": "GPT generation, nanoGPT shakespeare-char config, 16-token prompt, 200 new tokens, greedy",
               "by_batch": {}}
     all_runs = {}
+    with tempfile.TemporaryDirectory() as cache:  # qkv-aot's packages, in a user cache of the run's own
+        if "qkv-aot" in args.impls.split(","):
+            result["aot_build_s"] = build_packages(cache, [int(b) for b in args.batches.split(",")])
+        measure(args, result, all_runs)
+    result["runs"] = all_runs
+    write_result(args.out, result)
+
+
+def build_packages(cache: str, batches: list[int]) -> dict[str, float]:
+    """The step of the workers' model compiled ahead of time for each batch size; the seconds each took."""
+    import torch
+
+    from qkv import GPT, preset
+    from qkv.generation.kernels import CACHE_ENV, cache_path
+    from qkv.generation.precompiled import precompile
+
+    os.environ[CACHE_ENV] = str(cache_path())  # the kernels chosen before on this machine, kept
+    os.environ["XDG_CACHE_HOME"] = cache  # the workers inherit both
+    torch.manual_seed(0)  # the workers' model, weight for weight
+    model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
+    return {str(b): precompile(model, b)[1] for b in batches}
+
+
+def measure(args: argparse.Namespace, result: dict, all_runs: dict) -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         impls = [i for i in args.impls.split(",") if batch == 1 or not i.endswith("-compile")]  # batch 1 only
         runs = run_alternating(__file__, impls, args.repeats, ["--batch", str(batch), "--reps", str(args.reps)])
@@ -142,7 +173,8 @@ def main() -> None:
                 if peer in summary:
                     summary[f"ratio_qkv_compile_over_{peer.replace('-', '_')}"] = (
                         summary["qkv-compile"]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
-        for ours, peer in (("qkv", "ct2"), ("qkv-compile", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "hf")):
+        for ours, peer in (("qkv", "ct2"), ("qkv-compile", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "hf"),
+                           ("qkv-aot", "ct2"), ("qkv-aot", "hf")):
             if ours in summary and peer in summary:
                 summary[f"ratio_{ours.replace('-', '_')}_over_{peer.replace('-', '_')}"] = (
                     summary[ours]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
@@ -155,8 +187,6 @@ def main() -> None:
                                                    / summary["qkv-nocache"]["tokens_per_s_median"])
         result["by_batch"][str(batch)] = summary
         all_runs[str(batch)] = runs
-    result["runs"] = all_runs
-    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ MAX_TOKENS = 4000
 # cold) and saves ~5 ms a token at the nanoGPT config on a 2-core EPYC (docs/BENCHMARKS.md): it repays
 # itself after ~2,000 tokens.
 COMPILE_AFTER = 2048
-# From how many new tokens of one prompt `qkv generate` runs the step compiled ahead of time, where one was
-# built for the model on this machine (qkv.generation.precompiled): loading it takes ~0.1 s once a process,
+# From how many new tokens `qkv generate` runs the step compiled ahead of time, where one was built for the
+# model, the batch size and this machine (qkv.generation.precompiled): loading it takes ~0.1 s once a process,
 # which the 2-3 ms it saves a token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
 PRECOMPILED_AFTER = 32
 

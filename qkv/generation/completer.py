@@ -25,7 +25,7 @@ from qkv.generation.api import InputError, InputTooLongError
 from qkv.generation.compiled import CompiledStep, check_can_compile, cpu_compiler_available
 from qkv.generation.decode import generate
 from qkv.generation.kernels import end_decoding, start_decoding, step_linears
-from qkv.generation.precompiled import LoadedStep, find, precompile
+from qkv.generation.precompiled import LoadedStep, cache_slots, can_precompile, find, precompile
 from qkv.generation.sampling import check_sampling_args, next_token
 from qkv.generation.quantize import check_quantize, quantized
 from qkv.io import DEVICE_DEFAULT, model_device, resolve_device
@@ -51,28 +51,34 @@ class Completer:
         self.device = model_device(model)
         if compile:
             check_can_compile(self.device)
-        self._package: Path | None | bool = False  # the step compiled ahead of time: not looked for yet
+        self._packages: dict[int, Path | None] = {}  # the steps compiled ahead of time found, by batch size
 
-    def package(self) -> Path | None:
-        """The package of this model's step compiled ahead of time (qkv.generation.precompiled), if one was
-        built on this machine for these weights; looked for once."""
-        if self._package is False:
-            self._package = find(self.model)
-        return self._package  # type: ignore[return-value]
+    def package(self, rows: int = 1) -> Path | None:
+        """The package of this model's step for ``rows`` prompts compiled ahead of time
+        (qkv.generation.precompiled), if one was built on this machine for these weights; looked for once."""
+        if rows not in self._packages:
+            self._packages[rows] = find(self.model, rows)
+        return self._packages[rows]
 
-    def precompile(self) -> tuple[Path, float]:
-        """Compile this model's step ahead of time, unless it was (:func:`~qkv.generation.precompiled.precompile`)."""
-        path, seconds = precompile(self.model)
-        self._package = path
+    def precompile(self, rows: int = 1) -> tuple[Path, float]:
+        """Compile this model's step for ``rows`` prompts ahead of time, unless it was
+        (:func:`~qkv.generation.precompiled.precompile`)."""
+        path, seconds = precompile(self.model, rows)
+        self._packages[rows] = path
         return path, seconds
 
     def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation runs the step compiled ahead of time: by default (``compile=None``; True
-        asks for torch.compile's, False for none), for one prompt of ``config.PRECOMPILED_AFTER`` new
-        tokens or more, where a package for these weights was built on this machine (loading it takes
-        ~0.1 s; the step runs faster than torch.compile's, which it then replaces)."""
-        return (rows == 1 and self.compile is None and max_new_tokens >= PRECOMPILED_AFTER
-                and self.package() is not None)
+        asks for torch.compile's, False for none), for ``config.PRECOMPILED_AFTER`` new tokens or more,
+        where a package for these weights and this many prompts was built on this machine (loading it
+        takes ~0.1 s; the step runs faster than torch.compile's, which it then replaces)."""
+        return self.compile is None and max_new_tokens >= PRECOMPILED_AFTER and self.package(rows) is not None
+
+    def would_load(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether a generation would run a step compiled ahead of time if one were built (:meth:`precompile`),
+        and none is: what ``qkv generate`` suggests building."""
+        return (self.compile is None and max_new_tokens >= PRECOMPILED_AFTER and not self.loads(max_new_tokens, rows)
+                and can_precompile(self.model) and cpu_compiler_available())
 
     def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs compiled steps.
@@ -180,7 +186,8 @@ class Completer:
         step: CompiledStep | None = None
         compiled, loaded = self.compiles(max_new_tokens), self.loads(max_new_tokens)
         try:
-            start_decoding(model, 1, ctx, packed=not (compiled or loaded))  # compiled steps use no packing
+            # The caches (a package's step runs on caches of cache_slots); compiled steps use no packing.
+            start_decoding(model, 1, cache_slots(model) if loaded else ctx, packed=not (compiled or loaded))
             logits = model(torch.tensor([window], device=self.device))[:, -1]  # prefill: (1, V)
             cached = len(window)
             prompt = torch.ones(1, cached, dtype=torch.bool, device=self.device)  # (1, T): no padding
@@ -253,9 +260,11 @@ class Completer:
         for p in encoded:
             self._check(len(p), max_new_tokens, False)
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        loaded = self.loads(max_new_tokens, len(encoded))
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed),
-                        compile=self.compiles(max_new_tokens, len(encoded)))
+                        compile=self.compiles(max_new_tokens, len(encoded)),
+                        package=self.package(len(encoded)) if loaded else None)
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:

@@ -9,6 +9,7 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from qkv.generation.compiled import CompiledStep, check_can_compile
 from qkv.generation.kernels import decoding
+from qkv.generation.precompiled import LoadedStep, cache_slots
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -46,6 +48,7 @@ def generate(
     generator: torch.Generator | None = None,
     on_step: Callable[[Tensor], None] | None = None,
     compile: bool = False,
+    package: Path | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -61,13 +64,19 @@ def generate(
         compile: at batch 1, run the steps after the prompt as one compiled graph
             (``qkv.generation.compiled``): steps 2-3x faster on a CPU, after seconds of compiling. Larger
             batches stay eager, where the weight products dominate. Needs the cache.
+        package: the model's step compiled ahead of time for this many rows
+            (``qkv.generation.precompiled.find``), run after the prompt in place of the eager step: at
+            batch 8, 7.6 ms a step against 10.5 eager at the nanoGPT config (docs/BENCHMARKS.md). Needs
+            the cache.
 
     Returns:
         The new tokens of each row.
     """
     check_sampling_args(temperature, top_k, top_p)
-    if compile and not use_cache:
-        raise ValueError("compile=True compiles the cached decoding step; it needs use_cache=True")
+    if (compile or package is not None) and not use_cache:
+        raise ValueError("a compiled decoding step is the cached one; it needs use_cache=True")
+    if compile and package is not None:
+        raise ValueError("give compile=True or a package compiled ahead of time, not both")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device
@@ -87,6 +96,7 @@ def generate(
     model.eval()
     padded = not bool(real.all())
     compiled_steps = compile and b == 1  # larger batches stay eager: their weight products dominate
+    loaded_steps = package is not None
     key_mask = real  # (B, L) grows by one column per step
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
     done = torch.zeros(b, dtype=torch.bool, device=device)
@@ -97,9 +107,11 @@ def generate(
         # packing. Both go when the block ends, as does the compiled step's transformation of the model.
         # Compiled steps read caches of the model's whole context, as the Completer's do: the graph is
         # specialised to the caches' length, and one length lets every later generation of the process
-        # reuse it (a cache of `total` positions compiled anew, seconds, for every other length).
-        cache_len = model.cfg.max_len if compiled_steps else total
-        with decoding(model, b, cache_len, packed=not compiled_steps) if use_cache else contextlib.nullcontext():
+        # reuse it (a cache of `total` positions compiled anew, seconds, for every other length). A
+        # package's step was built for caches of cache_slots.
+        cache_len = cache_slots(model) if loaded_steps else model.cfg.max_len if compiled_steps else total
+        eager = not (compiled_steps or loaded_steps)
+        with decoding(model, b, cache_len, packed=eager) if use_cache else contextlib.nullcontext():
             seq, step_in, step_pos = ids, ids, positions
             for i in range(max_new_tokens):
                 mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
@@ -123,7 +135,9 @@ def generate(
                         break
                 if use_cache:
                     step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                    if compiled_steps and compiled is None:
+                    if loaded_steps and compiled is None:
+                        compiled = LoadedStep(model, real, package)
+                    elif compiled_steps and compiled is None:
                         compiled = CompiledStep(model, real)
                 else:
                     seq = torch.cat([seq, tok[:, None]], dim=1)

@@ -7,14 +7,21 @@ generations repay. Here the same step, transformed the same way, is exported onc
 (``torch.export``, with the KV cache's tensors and the slot as inputs that the step writes in place)
 and compiled by AOTInductor into a package in the user cache. A later process loads it with
 PyTorch's C++ loader in ~0.1 s, without importing inductor, so every generation of a few dozen tokens
-gains: on a 2-core AMD EPYC, 6.6 ms a token against 9.7 eager and CTranslate2's 7.6, and `qkv
-generate` as a whole at 1.05x CTranslate2 (bench/aot_step.py, docs/BENCHMARKS.md).
+gains: on a 2-core AMD EPYC at the nanoGPT config, 2.8 ms a token against 4.9 eager and CTranslate2's
+3.0, and `qkv generate` as a whole at 1.07x CTranslate2 (bench/aot_step.py, docs/BENCHMARKS.md).
+
+A package is built for one batch size, and serves it over the model's whole context: its shapes are
+fixed but for the length of the key mask, the slots written so far (``span``), so that attention reads
+no more of the cache than it holds. With every step reading all of the context's slots, as the
+in-process step does, the batch-8 step of the nanoGPT config read as many bytes of cache as of
+weights and gained nothing on eager (10.2 ms against 10.3); reading the span, 8.3 ms; with the weights
+frozen into the package too (:data:`PACKAGE_OPTIONS`), 7.0-7.6.
 
 A package holds the model's weights and the kernels built for this CPU and torch: its name is a digest
 of the model (class, configuration, every weight), the torch version and the CPU
-(:func:`~qkv.io.cpu_identity`), so a changed weight or another machine never loads a stale one.
-Building one takes 20-40 s at the nanoGPT config (``qkv generate --precompile``, or :func:`precompile`);
-it serves generations of one prompt over the model's whole context.
+(:func:`~qkv.io.cpu_identity`), and the batch size, so a changed weight or another machine never loads
+a stale one. Building one takes 15-40 s at the nanoGPT config (``qkv generate --precompile``, or
+:func:`precompile`).
 """
 
 from __future__ import annotations
@@ -38,23 +45,36 @@ from qkv.io import DataError, atomic_path, cpu_identity, user_cache
 from qkv.models import GPT
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.
-FORMAT = 1
+FORMAT = 2
+# The compiled step's options, and freezing: the weights are the package's constants, so inductor packs
+# them for oneDNN ahead of time and fuses the bias, GELU and residual add into each product. At batch 8
+# (nanoGPT config) a step took 7.0 ms with it and 8.3 without; at batch 1, where the products stay the
+# multiply-and-sum loops of compiled_linear, it changed nothing measurable.
+PACKAGE_OPTIONS = {**INDUCTOR_OPTIONS, "freezing": True}
 
 
 def digest(model: nn.Module) -> str:
     """What a package is built from: the model's class, configuration and every weight, torch, the CPU."""
     h = hashlib.sha256()
     h.update(json.dumps([FORMAT, torch.__version__, cpu_identity(), type(model).__name__, repr(model.cfg),
-                         INDUCTOR_OPTIONS]).encode())
+                         PACKAGE_OPTIONS]).encode())
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         h.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, as bytes
     return h.hexdigest()[:32]
 
 
-def package_path(model: nn.Module) -> Path:
-    """Where the package of ``model``'s step is kept: ``steps/DIGEST.pt2`` in the user cache."""
-    return user_cache("steps", f"{digest(model)}.pt2")
+def package_path(model: nn.Module, batch: int = 1) -> Path:
+    """Where the package of ``model``'s step for ``batch`` rows is kept: ``steps/DIGEST-BATCH.pt2`` in the user
+    cache (a step's shapes are fixed but for the keys it reads: one package for each batch size)."""
+    return user_cache("steps", f"{digest(model)}-{batch}.pt2")
+
+
+def cache_slots(model: nn.Module) -> int:
+    """The slots of the KV caches a package's step runs on: the model's context and one more, so that the
+    keys attention reads (the first ``span`` slots, at most the context) are always a proper part of the
+    buffer: export traces a slice of the whole buffer otherwise, and one graph would not serve every span."""
+    return model.cfg.max_len + 1
 
 
 def can_precompile(model: nn.Module) -> bool:
@@ -66,59 +86,71 @@ def can_precompile(model: nn.Module) -> bool:
             and all(m.weight.dtype == torch.float32 for m in step_linears(model)))
 
 
-def find(model: nn.Module) -> Path | None:
-    """The package of ``model``'s step, if one was built on this machine for exactly these weights."""
+def find(model: nn.Module, batch: int = 1) -> Path | None:
+    """The package of ``model``'s step for ``batch`` rows, if one was built on this machine for exactly these
+    weights."""
     folder = user_cache("steps")
-    if not folder.is_dir() or not any(folder.glob("*.pt2")) or not can_precompile(model):
+    if not folder.is_dir() or not any(folder.glob(f"*-{batch}.pt2")) or not can_precompile(model):
         return None  # no digest to compute (it reads every weight) where nothing could match
-    path = package_path(model)
+    path = package_path(model, batch)
     return path if path.is_file() else None
 
 
 class _Step(nn.Module):
-    """The step with every input explicit, as the package runs it: the token, its position, the key mask,
-    the cache slot, and each self-attention cache's keys and values, which the step writes at the slot."""
+    """The step with every input explicit, as the package runs it: the tokens, their positions, the key mask
+    over the slots written so far (its length, ``span``, is the one size that varies from step to step), the
+    cache slot, and each self-attention cache's keys and values, which the step writes at the slot."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, slot: Tensor, *kv: Tensor) -> Tensor:
+        span = mask.shape[-1]  # mask (B, 1, 1, span): attention reads the first span slots, not all of them
         for cache, k, v in zip(caches_of(self.model), kv[0::2], kv[1::2]):
-            cache.k, cache.v, cache.slot = k, v, slot  # (1, H, L, Dh) each, written in place at the slot
-        return self.model(tokens, mask=mask, positions=positions)  # (1, 1, V)
+            cache.k, cache.v, cache.slot, cache.span = k, v, slot, span  # (B, H, L + 1, Dh) each
+        return self.model(tokens, mask=mask, positions=positions)  # (B, 1, V)
 
 
 @torch.no_grad()
-def precompile(model: nn.Module) -> tuple[Path, float]:
-    """Build the package of ``model``'s step (20-40 s at the nanoGPT config) unless it exists;
-    return its path and the seconds spent (0 if it was there)."""
+def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
+    """Build the package of ``model``'s step for ``batch`` rows (20-40 s at the nanoGPT config) unless it
+    exists; return its path and the seconds spent (0 if it was there)."""
     if not can_precompile(model):
         raise ConfigError("only an fp32 GPT on a CPU, in eval mode, has a decoding step that can be compiled "
                           "ahead of time (not an int8 one: drop --quantize)")
-    path = package_path(model)
+    if batch < 1:
+        raise ConfigError(f"a decoding step serves 1 or more rows, got a batch of {batch}")
+    path = package_path(model, batch)
     if path.is_file():
         return path, 0.0
     check_can_compile(torch.device("cpu"))
     from torch._inductor import aoti_compile_and_package  # here only: 2.7 s to import, which loading never pays
     t0 = time.perf_counter()
-    start_decoding(model, 1, model.cfg.max_len, packed=False)
+    context = model.cfg.max_len
+    start_decoding(model, batch, cache_slots(model), packed=False)
     try:
-        step = CompiledStep(model, torch.ones(1, 1, dtype=torch.bool))  # the transformation; torch.compile is lazy
+        step = CompiledStep(model, torch.ones(batch, 1, dtype=torch.bool))  # the transformation only
         try:
             kv = [t for c in caches_of(model) for t in (c.k, c.v)]
-            example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
-                       step.visible[:, None, None, :], step.slot, *kv)
+            # The mask contiguous, as LoadedStep passes it: the package's code takes the example's strides
+            # (a view of `visible` would have rows context + 1 apart, where the step's are span apart).
+            mask = step.visible[:, None, None, :context].contiguous()  # (B, 1, 1, span)
+            example = (torch.zeros(batch, 1, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long), mask,
+                       step.slot, *kv)
+            # Every size fixed but the span: from the first step after a one-token prompt to the context.
+            span = {3: torch.export.Dim("span", min=2, max=context)}
             with warnings.catch_warnings():  # torch's own deprecations inside export, nothing the user can act on
                 warnings.simplefilter("ignore", FutureWarning)
-                exported = torch.export.export(_Step(model), example, strict=False)
+                exported = torch.export.export(_Step(model), example, strict=False,
+                                               dynamic_shapes=(None, None, span, None, tuple(None for _ in kv)))
         finally:
             step.close()
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp, warnings.catch_warnings():  # a package is there whole or not at all
             warnings.simplefilter("ignore", FutureWarning)
             built = aoti_compile_and_package(exported, package_path=str(tmp) + ".pt2",
-                                             inductor_configs=dict(INDUCTOR_OPTIONS))
+                                             inductor_configs=dict(PACKAGE_OPTIONS))
             os.replace(built, tmp)
     finally:
         end_decoding(model)
@@ -142,26 +174,31 @@ def _loader(package: str, mtime_ns: int, size: int) -> Any:
 class LoadedStep(CompiledStep):
     """:class:`~qkv.generation.compiled.CompiledStep` with the package's step in place of torch.compile's.
 
-    The model must have its caches of ``model.cfg.max_len`` positions set up (the package's shapes), the
+    The model must have its caches of :func:`cache_slots` positions set up for the package's batch size, the
     prompt prefilled; ``package``: from :func:`find`.
     """
 
     needs_compiler = False  # the package holds the built kernels
 
     def __init__(self, model: nn.Module, prompt: Tensor, package: Path) -> None:
+        if not package.name.endswith(f"-{prompt.shape[0]}.pt2"):
+            raise ValueError(f"{package} is a step for another batch size than {prompt.shape[0]} rows "
+                             "(precompiled.find(model, batch) finds the one for a batch)")
         self.package = package
+        self.kv = [t for c in caches_of(model) for t in (c.k, c.v)]
         super().__init__(model, prompt)
 
-    def compile(self, model: nn.Module):
+    def compile(self, model: nn.Module) -> Any:
         found = self.package.stat()  # a package rewritten since (built anew, or damaged) is loaded anew
-        loader = _loader(str(self.package), found.st_mtime_ns, found.st_size)
-        kv = [t for c in caches_of(model) for t in (c.k, c.v)]
-        slot = self.slot
+        return _loader(str(self.package), found.st_mtime_ns, found.st_size)
 
-        def forward(tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-            return loader.run([tokens, positions, mask, slot, *kv])[0]  # (1, 1, V)
+    def __call__(self, tokens: Tensor, positions: Tensor, slot: int) -> Tensor:
+        """tokens, positions: (B, 1); slot: the cache slot the tokens go to. Returns (B, 1, V) logits."""
+        self.slot.fill_(slot)
+        self.visible[:, slot] = True
+        mask = self.visible[:, None, None, :slot + 1].contiguous()  # (B, 1, 1, span): the slots written so far
+        return self.forward.run([tokens, positions, mask, self.slot, *self.kv])[0]
 
-        return forward
 
-
-__all__ = ["FORMAT", "digest", "package_path", "can_precompile", "find", "precompile", "LoadedStep"]
+__all__ = ["FORMAT", "PACKAGE_OPTIONS", "digest", "package_path", "cache_slots", "can_precompile", "find", "precompile",
+           "LoadedStep"]

@@ -6,7 +6,7 @@ import torch
 
 from qkv import GPT, preset
 from qkv.config import COMPILE_AFTER, PRECOMPILED_AFTER
-from qkv.generation import precompiled
+from qkv.generation import generate, precompiled
 from qkv.generation.compiled import cpu_compiler_available
 from qkv.generation.completer import Completer
 from qkv.tokenizers.char import CharTokenizer
@@ -54,6 +54,29 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert Completer(model, tok).package() is None
 
 
+def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts_up_to_the_context():
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
+    torch.manual_seed(0)
+    model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=PRECOMPILED_AFTER + 12)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)
+    prompts = ["the cat", "a", "dogs, cats"]  # left-padded to the longest
+    n = model.cfg.max_len - len(prompts[2])  # the longest row fills the context
+    expected = Completer(model, tok, compile=False).complete_batch(prompts, max_new_tokens=n, temperature=0)
+    assert len(set("".join(expected))) > 3, expected
+
+    path, _ = precompiled.precompile(model, batch=3)
+    assert path.name.endswith("-3.pt2") and precompiled.find(model, 3) == path and precompiled.find(model, 1) is None
+    completer = Completer(model, tok)
+    assert completer.loads(n, rows=3) and not completer.loads(n, rows=1) and not completer.loads(n, rows=2)
+    assert completer.complete_batch(prompts, max_new_tokens=n, temperature=0) == expected
+    ids = [tok.encode(p) for p in prompts]
+    assert generate(model, ids, n, temperature=0, package=path) == generate(model, ids, n, temperature=0)
+    with pytest.raises(ValueError, match="another batch size"):
+        generate(model, ids[:2], n, temperature=0, package=path)
+
+
 def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, capsys):
     from qkv.cli import main
 
@@ -62,7 +85,12 @@ def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, 
     argv = ["generate", "--run", str(run), "-n", str(PRECOMPILED_AFTER), "--temperature", "0", "--device", "cpu"]
     assert main([*argv, "--no-compile", "ab"]) == 0
     eager = capsys.readouterr()
-    assert "ahead of time" not in eager.err
+    assert "ahead of time" not in eager.err and "--precompile" not in eager.err
+    assert main([*argv, "ab"]) == 0  # the default, nothing built yet: eager, and says how to be faster
+    suggested = capsys.readouterr()
+    assert "decoded eagerly; --precompile once" in suggested.err and suggested.out == eager.out
+    assert main([*argv, "-n", str(PRECOMPILED_AFTER - 1), "ab"]) == 0  # too short for it to matter
+    assert "--precompile" not in capsys.readouterr().err
     assert main([*argv, "--precompile", "ab"]) == 0
     built = capsys.readouterr()
     assert "compiled ahead of time in" in built.err and "running the decoding step compiled ahead of time" in built.err
