@@ -42,6 +42,9 @@ COMPILE_AFTER = 2048
 # model, the batch size and this machine (qkv.generation.precompiled): loading it takes ~0.1 s once a process,
 # which the 2-3 ms it saves a token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
 PRECOMPILED_AFTER = 32
+# How many packages of steps compiled ahead of time the user cache keeps (one per model, batch size and
+# machine; 45 MB each at the nanoGPT config, the weights included): building another deletes the oldest.
+PACKAGES_KEPT = 16
 
 
 class ConfigError(QkvError, ValueError):

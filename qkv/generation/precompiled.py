@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.config import ConfigError
+from qkv.config import PACKAGES_KEPT, ConfigError
 from qkv.generation.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
 from qkv.generation.kernels import end_decoding, start_decoding, step_linears
 from qkv.io import DataError, atomic_path, cpu_identity, user_cache
@@ -154,7 +154,21 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
             os.replace(built, tmp)
     finally:
         end_decoding(model)
+    prune(path.parent, PACKAGES_KEPT)
     return path, time.perf_counter() - t0
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest packages in ``folder`` (by when they were built), so that the user
+    cache does not grow with every model, batch size and machine a package was ever built for."""
+    built = []
+    for package in folder.glob("*.pt2"):
+        try:
+            built.append((package.stat().st_mtime_ns, package))
+        except FileNotFoundError:  # pruned meanwhile by another process
+            continue
+    for _, old in sorted(built, reverse=True)[keep:]:
+        old.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=2)
@@ -201,4 +215,4 @@ class LoadedStep(CompiledStep):
 
 
 __all__ = ["FORMAT", "PACKAGE_OPTIONS", "digest", "package_path", "cache_slots", "can_precompile", "find", "precompile",
-           "LoadedStep"]
+           "prune", "LoadedStep"]

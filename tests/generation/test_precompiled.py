@@ -1,11 +1,13 @@
 """A decoding step compiled ahead of time is kept, found again only for the same weights, and gives the eager
 model's tokens (qkv.generation.precompiled)."""
 
+import os
+
 import pytest
 import torch
 
 from qkv import GPT, preset
-from qkv.config import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.config import COMPILE_AFTER, PACKAGES_KEPT, PRECOMPILED_AFTER
 from qkv.generation import generate, precompiled
 from qkv.generation.compiled import cpu_compiler_available
 from qkv.generation.completer import Completer
@@ -54,7 +56,7 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert Completer(model, tok).package() is None
 
 
-def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts_up_to_the_context():
+def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts_up_to_the_context(tmp_path):
     tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
     torch.manual_seed(0)
     model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=PRECOMPILED_AFTER + 12)).eval()
@@ -66,7 +68,14 @@ def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts
     expected = Completer(model, tok, compile=False).complete_batch(prompts, max_new_tokens=n, temperature=0)
     assert len(set("".join(expected))) > 3, expected
 
+    steps = tmp_path / "cache" / "qkv" / "steps"
+    steps.mkdir(parents=True)
+    for i in range(PACKAGES_KEPT):  # packages built before, the first the oldest: it goes when one more is built
+        old = steps / f"{i:032x}-1.pt2"
+        old.write_bytes(b"")
+        os.utime(old, ns=(10**18 + i, 10**18 + i))
     path, _ = precompiled.precompile(model, batch=3)
+    assert not (steps / f"{0:032x}-1.pt2").exists() and len(list(steps.glob("*.pt2"))) == PACKAGES_KEPT
     assert path.name.endswith("-3.pt2") and precompiled.find(model, 3) == path and precompiled.find(model, 1) is None
     completer = Completer(model, tok)
     assert completer.loads(n, rows=3) and not completer.loads(n, rows=1) and not completer.loads(n, rows=2)
