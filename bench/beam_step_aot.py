@@ -1,0 +1,160 @@
+"""What compiling beam search's decoder step ahead of time would buy: a measurement before building it.
+
+qkv's beam search (bench/beam_mt.py's shapes: beam 4 over 16 sources of 18-22 tokens, the small
+encoder-decoder, vocabulary 8,000) runs its decoder step eagerly. Here the same step, at the search's
+shapes (64 hypotheses, cross-attention grouped by sentence), is exported and built by AOTInductor as
+qkv.generation.precompiled builds a GPT's step (the self-attention caches and the cross-attention keys
+and values as inputs, the key mask's length the one dynamic size, the weights frozen), and timed beside
+the eager step over the same 30 steps, and beside the whole searches of qkv and CTranslate2 (per step:
+a search's time over its 31 steps). The exported step is for timing only: the decoder embeds the
+position its cache's length gives, which the slot-written caches leave at the first step's, so its
+logits are not the search's.
+
+    python bench/beam_step_aot.py [--repeats 3] [--out bench/results/beam_step_aot.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from beam_mt import BEAM, NEW, SIZES, searches, sources  # noqa: E402
+from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
+
+from qkv import ModelConfig, Transformer  # noqa: E402
+from qkv.generation.compiled import CompiledStep, caches_of  # noqa: E402
+from qkv.generation.kernels import end_decoding, start_decoding  # noqa: E402
+from qkv.generation.precompiled import PACKAGE_OPTIONS  # noqa: E402
+from qkv.modules.masks import padding_mask  # noqa: E402
+
+PACKAGE_ENV = "QKV_BENCH_BEAM_PACKAGE"
+SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.generation.precompiled.cache_slots)
+
+
+def model_and_sources():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**SIZES["small"], dropout=0.1, max_len=256)).eval()  # as bench/beam_mt.py
+    src = sources(SIZES["small"]["vocab_size"])
+    return model, src, padding_mask(src, model.cfg.pad_id)  # (B, S), (B, 1, 1, S)
+
+
+def first_step(model, src: Tensor, src_mask: Tensor, packed: bool) -> None:
+    """The search's first step: one row per sentence, its caches then widened to the k hypotheses; the weights
+    packed for the eager steps as the search packs them (``packed``), or left for the compiled step."""
+    b = src.shape[0]
+    start_decoding(model, b * BEAM, SLOTS, packed=packed)
+    model.reorder_cache(torch.arange(b))
+    model.decode(torch.ones(b, 1, dtype=torch.long), model.encode(src, src_mask), src_mask)
+    model.reorder_cache(torch.arange(b).repeat_interleave(BEAM))
+
+
+def step_inputs(model) -> list[Tensor]:
+    """The self-attention caches' keys and values, then the cross-attention ones (grouped: one row a sentence)."""
+    cross = [layer.cross_attn.cache for layer in model.decoder_layers]
+    return [t for c in caches_of(model) for t in (c.k, c.v)] + [t for c in cross for t in (c.k, c.v)]
+
+
+class _Step(nn.Module):
+    """The decoder step with its caches as inputs; the mask's length is the span of self-attention slots read."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, mask: Tensor, slot: Tensor, src_mask: Tensor, *kv: Tensor) -> Tensor:
+        caches = caches_of(self.model)
+        n = 2 * len(caches)
+        for cache, k, v in zip(caches, kv[0:n:2], kv[1:n:2]):
+            cache.k, cache.v, cache.slot, cache.span = k, v, slot, mask.shape[-1]  # (N K, H, SLOTS, Dh)
+        for layer, k, v in zip(self.model.decoder_layers, kv[n::2], kv[n + 1::2]):
+            layer.cross_attn.cache.k, layer.cross_attn.cache.v = k, v  # (N, H, S, Dh)
+        return self.model.decode(tokens, None, src_mask, tgt_mask=mask)  # (N K, 1, V)
+
+
+@torch.no_grad()
+def build(path: str) -> float:
+    """Export and build the step at the search's shapes into ``path``; the seconds it took."""
+    from torch._inductor import aoti_compile_and_package
+
+    model, src, src_mask = model_and_sources()
+    first_step(model, src, src_mask, packed=False)
+    rows = src.shape[0] * BEAM
+    t0 = time.perf_counter()
+    step = CompiledStep(model, torch.ones(rows, 1, dtype=torch.bool))  # the transformation only
+    mask = step.visible[:, None, None, :SLOTS - 1].contiguous()  # (N K, 1, 1, span)
+    kv = step_inputs(model)
+    span = {3: torch.export.Dim("span", min=2, max=SLOTS - 1)}
+    example = (torch.ones(rows, 1, dtype=torch.long), mask, step.slot, src_mask, *kv)
+    exported = torch.export.export(_Step(model), example, strict=False,
+                                   dynamic_shapes=(None, span, None, None, tuple(None for _ in kv)))
+    step.close()
+    aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(PACKAGE_OPTIONS))
+    end_decoding(model)
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def worker(impl: str, reps: int) -> dict:
+    if impl in ("qkv", "ct2"):  # whole searches, as bench/beam_mt.py times them
+        times = time_steps(searches(impl, "small"), reps, warmup=1)
+        return {"impl": impl, "ms_per_step": 1000 * statistics.median(times) / (NEW + 1)}
+    model, src, src_mask = model_and_sources()
+    rows = src.shape[0] * BEAM
+    tokens = torch.full((rows, 1), 5)
+    loader = torch._C._aoti.AOTIModelPackageLoader(os.environ[PACKAGE_ENV], "model", False, 1, -1)
+    per_run = []
+    for _ in range(reps + 1):  # the first untimed
+        first_step(model, src, src_mask, packed=impl == "step-eager")
+        kv, slot = step_inputs(model), torch.zeros(1, dtype=torch.long)
+        visible = torch.ones(rows, SLOTS, dtype=torch.bool)
+        steps = []
+        for i in range(1, NEW + 1):
+            t0 = time.perf_counter()
+            if impl == "step-eager":
+                model.decode(tokens, None, src_mask)
+            else:
+                slot.fill_(i)
+                loader.run([tokens, visible[:, None, None, :i + 1].contiguous(), slot, src_mask, *kv])
+            steps.append(time.perf_counter() - t0)
+        end_decoding(model)
+        per_run.append(statistics.fmean(steps))
+    return {"impl": impl, "ms_per_step": 1000 * statistics.median(per_run[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/beam_step_aot.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.reps)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[PACKAGE_ENV] = os.path.join(tmp, "beam_step.pt2")
+        build_s = build(os.environ[PACKAGE_ENV])
+        runs = run_alternating(__file__, ["qkv", "ct2", "step-eager", "step-aot"], args.repeats,
+                               ["--reps", str(args.reps)])
+    summary = {impl: median_of(rs, "ms_per_step") for impl, rs in runs.items()}
+    # The search with the exported step in place of the eager one: the rest of the search as measured.
+    summary["projected_search_with_aot_step"] = summary["qkv"] - summary["step-eager"] + summary["step-aot"]
+    summary["ratio_qkv_over_ct2"] = summary["ct2"] / summary["qkv"]
+    summary["ratio_projected_over_ct2"] = summary["ct2"] / summary["projected_search_with_aot_step"]
+    summary["ratio_step_aot_over_eager"] = summary["step-eager"] / summary["step-aot"]
+    write_result(args.out, {"benchmark": "beam search's decoder step exported and built ahead of time (timing "
+                                         "only), beside the eager step and whole searches, ms a step",
+                            "build_s": build_s, "summary": summary, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
