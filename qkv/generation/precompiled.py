@@ -211,7 +211,8 @@ class LoadedStep(CompiledStep):
         self.slot.fill_(slot)
         self.visible[:, slot] = True
         mask = self.visible[:, None, None, :slot + 1].contiguous()  # (B, 1, 1, span): the slots written so far
-        return self.forward.run([tokens, positions, mask, self.slot, *self.kv])[0]
+        loader = self.forward  # what compile() gave: the package's step
+        return loader.run([tokens, positions, mask, self.slot, *self.kv])[0]
 
 
 __all__ = ["FORMAT", "PACKAGE_OPTIONS", "digest", "package_path", "cache_slots", "can_precompile", "find", "precompile",
