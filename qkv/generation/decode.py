@@ -135,13 +135,11 @@ def generate(
                         break
                 if use_cache:
                     step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                    if loaded_steps and compiled is None:
-                        compiled = LoadedStep(model, real, package)
-                    elif compiled_steps and compiled is None:
-                        compiled = CompiledStep(model, real)
+                    if compiled is None and not eager:
+                        compiled = LoadedStep(model, real, package) if loaded_steps else CompiledStep(model, real)
                 else:
                     seq = torch.cat([seq, tok[:, None]], dim=1)
-                if padded:
+                if padded and compiled is None:  # a compiled step keeps its own mask (CompiledStep.visible)
                     key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     finally:
         if compiled is not None:
