@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.generation import kernels
+from qkv.generation import kernels, precompiled
 
 
 def pytest_configure(config):
@@ -19,6 +19,9 @@ def pytest_configure(config):
     # Decoding's kernel choices are measured into a file of the test session's own, not the user's cache
     # (subprocesses inherit it).
     os.environ[kernels.CACHE_ENV] = os.path.join(tempfile.mkdtemp(prefix="qkv-kernels-"), "kernels.json")
+    # qkv generate compiles no step in the background (a process outliving its test): the tests that build
+    # one turn it back on.
+    os.environ[precompiled.BACKGROUND_ENV] = "0"
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,12 @@ A package holds the model's weights and the kernels built for this CPU and torch
 of the model (class, configuration, every weight), the torch version and the CPU
 (:func:`~qkv.io.cpu_identity`), and the batch size, so a changed weight or another machine never loads
 a stale one. Building one takes 15-40 s at the nanoGPT config (``qkv generate --precompile``, or
-:func:`precompile`).
+:func:`precompile`). ``qkv generate`` builds it by itself, in the background, after an eager generation
+that a package would have run (as ``git gc --auto`` packs a repository after a command):
+:func:`build_in_background` starts the build as a detached process at low priority, and beside the
+package it writes a marker with the builder's pid and the builder's log, which the package's arrival
+deletes. A build that failed or was stopped leaves them, and none starts again by itself
+(:func:`background_build` says what became of it).
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import functools
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +58,11 @@ FORMAT = 2
 # (nanoGPT config) a step took 7.0 ms with it and 8.3 without; at batch 1, where the products stay the
 # multiply-and-sum loops of compiled_linear, it changed nothing measurable.
 PACKAGE_OPTIONS = {**INDUCTOR_OPTIONS, "freezing": True}
+# "0" in the environment: qkv generate never builds a package in the background (the test suite sets it).
+BACKGROUND_ENV = "QKV_BACKGROUND_PRECOMPILE"
+# A background build still marked as running after this long was stopped without a trace (a package takes
+# 15-40 s at the nanoGPT config; the marker's pid may belong to another process by then).
+BACKGROUND_TIMEOUT = 30 * 60
 
 
 def digest(model: nn.Module) -> str:
@@ -123,6 +135,7 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
         raise ConfigError(f"a decoding step serves 1 or more rows, got a batch of {batch}")
     path = package_path(model, batch)
     if path.is_file():
+        _clear_background_build(path)
         return path, 0.0
     check_can_compile(torch.device("cpu"))
     from torch._inductor import aoti_compile_and_package  # here only: 2.7 s to import, which loading never pays
@@ -154,8 +167,71 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
             os.replace(built, tmp)
     finally:
         end_decoding(model)
+    _clear_background_build(path)
     prune(path.parent, PACKAGES_KEPT)
     return path, time.perf_counter() - t0
+
+
+def _side_files(path: Path) -> tuple[Path, Path]:
+    """The files a background build of the package ``path`` keeps beside it: its marker (the builder's pid) and
+    its log (the builder's stderr)."""
+    return path.with_suffix(".building"), path.with_suffix(".log")
+
+
+def _clear_background_build(path: Path) -> None:
+    for side in _side_files(path):
+        side.unlink(missing_ok=True)
+
+
+class BackgroundBuild(NamedTuple):
+    """A build of a package started in the background that has not delivered it (:func:`background_build`)."""
+
+    pid: int | None  # the builder's process (None while it is being started)
+    running: bool  # False: it failed or was stopped; ``log`` says how, and no build starts again by itself
+    log: Path  # the builder's stderr
+
+
+def background_build(path: Path) -> BackgroundBuild | None:
+    """What became of a background build of the package ``path``: None if none was started or it delivered the
+    package (which deletes its marker), else the build, running or not."""
+    marker, log = _side_files(path)
+    try:
+        text, age = marker.read_text().strip(), time.time() - marker.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    pid = int(text) if text.isdigit() else None
+    if pid is None:  # the marker is written before its pid: a build being started, unless that was long ago
+        return BackgroundBuild(None, age < BACKGROUND_TIMEOUT, log)
+    try:
+        os.kill(pid, 0)  # signal 0: whether the process exists
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    except PermissionError:  # exists, another user's: not our builder any more
+        alive = False
+    return BackgroundBuild(pid, alive and age < BACKGROUND_TIMEOUT, log)
+
+
+def build_in_background(path: Path, argv: list[str]) -> int | None:
+    """Start ``argv``, a command that builds the package ``path``, as a detached process at low priority (it
+    outlives its parent and yields the CPU to the user's work), unless a build of ``path`` was started before;
+    return the builder's pid, or None if it was not started.
+
+    One build per package: the marker is created exclusively, so of two generations that end together only
+    one starts a build, and a build that failed is not retried by itself (:func:`background_build`; a
+    foreground :func:`precompile` that succeeds clears it)."""
+    marker, log = _side_files(path)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return None
+    nice = shutil.which("nice")
+    with os.fdopen(fd, "w") as pid_file, open(log, "wb") as err:
+        builder = subprocess.Popen([nice, "-n", "10", *argv] if nice else argv, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        pid_file.write(str(builder.pid))
+    return builder.pid
 
 
 def prune(folder: Path, keep: int) -> None:
@@ -215,5 +291,6 @@ class LoadedStep(CompiledStep):
         return loader.run([tokens, positions, mask, self.slot, *self.kv])[0]
 
 
-__all__ = ["FORMAT", "PACKAGE_OPTIONS", "digest", "package_path", "cache_slots", "can_precompile", "find", "precompile",
-           "prune", "LoadedStep"]
+__all__ = ["FORMAT", "PACKAGE_OPTIONS", "BACKGROUND_ENV", "BACKGROUND_TIMEOUT", "digest", "package_path", "cache_slots",
+           "can_precompile", "find", "precompile", "prune", "BackgroundBuild", "background_build", "build_in_background",
+           "LoadedStep"]

@@ -2,6 +2,9 @@
 model's tokens (qkv.generation.precompiled)."""
 
 import os
+import re
+import sys
+import time
 
 import pytest
 import torch
@@ -86,7 +89,7 @@ def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts
         generate(model, ids[:2], n, temperature=0, package=path)
 
 
-def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, capsys):
+def test_qkv_generate_compiles_in_the_background_then_loads_and_says_so(tiny_lm_run, tmp_path, capsys, monkeypatch):
     from qkv.cli import main
 
     run = tiny_lm_run(max_len=48)  # room for the prompt and PRECOMPILED_AFTER new tokens
@@ -100,13 +103,25 @@ def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, 
     assert "decoded eagerly; --precompile once" in suggested.err and suggested.out == eager.out
     assert main([*argv, "-n", str(PRECOMPILED_AFTER - 1), "ab"]) == 0  # too short for it to matter
     assert "--precompile" not in capsys.readouterr().err
-    assert main([*argv, "--precompile", "ab"]) == 0
-    built = capsys.readouterr()
-    assert "compiled ahead of time in" in built.err and "running the decoding step compiled ahead of time" in built.err
+    # By default the package is built in the background after an eager generation, once.
+    monkeypatch.setenv(precompiled.BACKGROUND_ENV, "1")
+    assert main([*argv, "ab"]) == 0
+    started = capsys.readouterr()
+    assert "compiling this model's step for this machine and batch size in the background" in started.err, started.err
+    assert started.out == eager.out
+    pid = int(re.search(r"pid (\d+)", started.err).group(1))
+    assert main([*argv, "ab"]) == 0  # the builder is still importing torch: no second one
+    assert f"being compiled in the background (pid {pid})" in capsys.readouterr().err
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    steps = tmp_path / "cache" / "qkv" / "steps"
+    assert [p.suffix for p in steps.iterdir()] == [".pt2"]  # the builder's marker and log are gone
     assert main([*argv, "ab"]) == 0  # later: found and loaded by default
     loaded = capsys.readouterr()
     assert "running the decoding step compiled ahead of time" in loaded.err
-    assert eager.out == built.out == loaded.out
+    assert eager.out == loaded.out
+    assert main([*argv, "--precompile", "ab"]) == 0
+    assert "compiled ahead of time before" in capsys.readouterr().err
     assert main([*argv, "--no-compile", "ab"]) == 0 and "ahead of time" not in capsys.readouterr().err
     # A damaged package: one line naming the file and what to do, the model left as it was.
     package = next((tmp_path / "cache" / "qkv" / "steps").glob("*.pt2"))
@@ -119,3 +134,37 @@ def test_qkv_generate_precompiles_then_loads_and_says_so(tiny_lm_run, tmp_path, 
     # An int8 model has no fp32 step to compile: one line saying so.
     assert main([*argv, "--precompile", "--quantize", "int8", "ab"]) == 2
     assert "drop --quantize" in capsys.readouterr().err
+
+
+def test_a_background_build_starts_once_and_a_failed_one_is_reported_not_retried(tiny_lm_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    from qkv.cli import main
+
+    path = tmp_path / "cache" / "qkv" / "steps" / f"{0:032x}-1.pt2"
+    assert precompiled.background_build(path) is None
+    fails = [sys.executable, "-c", "import sys, time; time.sleep(1); sys.exit('the compiler crashed')"]
+    pid = precompiled.build_in_background(path, fails)
+    assert pid and precompiled.build_in_background(path, fails) is None  # one build per package
+    assert precompiled.background_build(path) == (pid, True, path.with_suffix(".log"))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    failed = precompiled.background_build(path)
+    assert failed == (pid, False, path.with_suffix(".log")) and "the compiler crashed" in failed.log.read_text()
+    assert precompiled.build_in_background(path, fails) is None  # not retried by itself
+    marker = path.with_suffix(".building")
+    marker.write_text(str(os.getpid()))  # a live process, but marked so long ago that it is not the builder
+    os.utime(marker, (time.time() - precompiled.BACKGROUND_TIMEOUT - 1,) * 2)
+    assert not precompiled.background_build(path).running
+
+    # qkv generate says where the failed build's log is, and starts no other.
+    run = tiny_lm_run(max_len=48)
+    model = Completer.from_run(run, device="cpu").model
+    package = precompiled.package_path(model)
+    package.with_suffix(".building").write_text(str(pid))  # the failed builder's, long gone
+    package.with_suffix(".log").write_text("error: the compiler crashed\n")
+    monkeypatch.setenv(precompiled.BACKGROUND_ENV, "1")
+    capsys.readouterr()
+    assert main(["generate", "--run", str(run), "-n", str(PRECOMPILED_AFTER), "--temperature", "0", "--device", "cpu",
+                 "ab"]) == 0
+    err = capsys.readouterr().err
+    assert f"failed or was stopped (its log: {package.with_suffix('.log')})" in err and "pid" not in err
