@@ -16,7 +16,8 @@ the run's own (its build time recorded), then fresh processes alternate:
 - ``aot``: the package loaded (``LoadedStep``, what ``qkv generate`` runs once the package exists);
   every step's logits checked against an eager model's afterwards;
 - ``completer`` and ``completer-eager``: ``qkv generate``'s own loop (``Completer.complete``, a
-  character tokenizer) with the package found and loaded, and with ``--no-compile``;
+  character tokenizer) with the package found and loaded (the default command once a package exists,
+  which its first eager generation of 32+ tokens builds in the background), and with ``--no-compile``;
 - ``ct2`` and ``hf``: CTranslate2 and HF ``generate`` as bench/generate_gpt.py runs them at batch 1.
 ``ready_s`` is the time from the model built to the step ready (jit: its first call; aot: the
 load), ``first_token_since_start_s`` the time from the process's start (before torch is imported) to

@@ -202,14 +202,21 @@ def background_build(path: Path) -> BackgroundBuild | None:
     pid = int(text) if text.isdigit() else None
     if pid is None:  # the marker is written before its pid: a build being started, unless that was long ago
         return BackgroundBuild(None, age < BACKGROUND_TIMEOUT, log)
+    return BackgroundBuild(pid, _alive(pid) and age < BACKGROUND_TIMEOUT, log)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (where that cannot be asked, as on Windows, whose os.kill would end it:
+    True, and the marker's age decides)."""
+    if os.name != "posix":
+        return True
     try:
-        os.kill(pid, 0)  # signal 0: whether the process exists
-        alive = True
+        os.kill(pid, 0)  # signal 0: nothing sent, only whether the process exists
     except ProcessLookupError:
-        alive = False
+        return False
     except PermissionError:  # exists, another user's: not our builder any more
-        alive = False
-    return BackgroundBuild(pid, alive and age < BACKGROUND_TIMEOUT, log)
+        return False
+    return True
 
 
 def build_in_background(path: Path, argv: list[str]) -> int | None:
