@@ -197,7 +197,7 @@ def background_build(path: Path) -> BackgroundBuild | None:
     marker, log = _side_files(path)
     try:
         text, age = marker.read_text().strip(), time.time() - marker.stat().st_mtime
-    except FileNotFoundError:
+    except OSError:  # none (or no cache folder to hold one)
         return None
     pid = int(text) if text.isdigit() else None
     if pid is None:  # the marker is written before its pid: a build being started, unless that was long ago
@@ -228,16 +228,20 @@ def build_in_background(path: Path, argv: list[str]) -> int | None:
     one starts a build, and a build that failed is not retried by itself (:func:`background_build`; a
     foreground :func:`precompile` that succeeds clears it)."""
     marker, log = _side_files(path)
-    marker.parent.mkdir(parents=True, exist_ok=True)
     try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+    except OSError:  # a build started before (the marker exists), or a cache that cannot be written
         return None
     nice = shutil.which("nice")
-    with os.fdopen(fd, "w") as pid_file, open(log, "wb") as err:
-        builder = subprocess.Popen([nice, "-n", "10", *argv] if nice else argv, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        pid_file.write(str(builder.pid))
+    try:
+        with os.fdopen(fd, "w") as pid_file, open(log, "wb") as err:
+            builder = subprocess.Popen([nice, "-n", "10", *argv] if nice else argv, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            pid_file.write(str(builder.pid))
+    except OSError:  # nothing started: no marker left to stop the next generation from trying
+        marker.unlink(missing_ok=True)
+        return None
     return builder.pid
 
 

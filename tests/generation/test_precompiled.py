@@ -168,3 +168,13 @@ def test_a_background_build_starts_once_and_a_failed_one_is_reported_not_retried
                  "ab"]) == 0
     err = capsys.readouterr().err
     assert f"failed or was stopped (its log: {package.with_suffix('.log')})" in err and "pid" not in err
+
+    # A user cache that cannot be written (here a file where its folder should be): no build, no traceback.
+    unwritable = tmp_path / "not-a-folder"
+    unwritable.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(unwritable))
+    assert precompiled.build_in_background(precompiled.package_path(model), fails) is None
+    assert main(["generate", "--run", str(run), "-n", str(PRECOMPILED_AFTER), "--temperature", "0", "--device", "cpu",
+                 "ab"]) == 0
+    err = capsys.readouterr().err
+    assert "decoded eagerly; --precompile once compiles" in err and "Traceback" not in err, err
