@@ -8,9 +8,12 @@ and values as inputs, the key mask's length the one dynamic size, the weights fr
 the eager step over the same 30 steps, and beside the whole searches of qkv and CTranslate2 (per step:
 a search's time over its 31 steps). The exported step is for timing only: the decoder embeds the
 position its cache's length gives, which the slot-written caches leave at the first step's, so its
-logits are not the search's.
+logits are not the search's. ``--with-choice`` also exports the step together with what the search
+does next on the device, the log-softmax and the choice of the 2k best continuations of each sentence
+(``_best_continuations``), and times that graph beside the same work eager (``choice-aot`` and
+``choice-eager``).
 
-    python bench/beam_step_aot.py [--repeats 3] [--out bench/results/beam_step_aot.json]
+    python bench/beam_step_aot.py [--repeats 3] [--with-choice] [--out bench/results/beam_step_aot.json]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from beam_mt import BEAM, NEW, SIZES, searches, sources  # noqa: E402
 from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 from qkv import ModelConfig, Transformer  # noqa: E402
+from qkv.generation.beam import _best_continuations  # noqa: E402
 from qkv.generation.compiled import CompiledStep, caches_of  # noqa: E402
 from qkv.generation.kernels import end_decoding, start_decoding  # noqa: E402
 from qkv.generation.precompiled import PACKAGE_OPTIONS  # noqa: E402
@@ -38,6 +42,11 @@ from qkv.modules.masks import padding_mask  # noqa: E402
 
 PACKAGE_ENV = "QKV_BENCH_BEAM_PACKAGE"
 SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.generation.precompiled.cache_slots)
+
+
+def choice_package(path: str) -> str:
+    """Where the package of the step with the choice of continuations goes, beside the step's own."""
+    return path.removesuffix(".pt2") + "-choice.pt2"
 
 
 def model_and_sources():
@@ -80,9 +89,32 @@ class _Step(nn.Module):
         return self.model.decode(tokens, None, src_mask, tgt_mask=mask)  # (N K, 1, V)
 
 
+class _StepAndChoice(nn.Module):
+    """The step, then the search's next operations on the device: the log-probabilities of the next token and
+    the 2k best continuations of each sentence, given the hypotheses' scores (N, K)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.step = _Step(model)
+
+    def forward(self, tokens: Tensor, mask: Tensor, slot: Tensor, src_mask: Tensor, scores: Tensor,
+                *kv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logp = torch.log_softmax(self.step(tokens, mask, slot, src_mask, *kv)[:, -1].float(), dim=-1)  # (N K, V)
+        n, k = scores.shape
+        return _best_continuations(logp.view(n, k, -1), scores, 2 * k)  # (N, 2K) each
+
+
+def choose_eager(logits: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """What the search does with a step's (N K, V) logits, as beam_search does it."""
+    logp = torch.log_softmax(logits.float(), dim=-1, out=logits)
+    n, k = scores.shape
+    return _best_continuations(logp.view(n, k, -1), scores, 2 * k)
+
+
 @torch.no_grad()
-def build(path: str) -> float:
-    """Export and build the step at the search's shapes into ``path``; the seconds it took."""
+def build(path: str, with_choice: bool = False) -> float:
+    """Export and build the step (and, ``with_choice``, the choice of continuations after it) at the search's
+    shapes into ``path``; the seconds it took."""
     from torch._inductor import aoti_compile_and_package
 
     model, src, src_mask = model_and_sources()
@@ -93,9 +125,14 @@ def build(path: str) -> float:
     mask = step.visible[:, None, None, :SLOTS - 1].contiguous()  # (N K, 1, 1, span)
     kv = step_inputs(model)
     span = {3: torch.export.Dim("span", min=2, max=SLOTS - 1)}
-    example = (torch.ones(rows, 1, dtype=torch.long), mask, step.slot, src_mask, *kv)
-    exported = torch.export.export(_Step(model), example, strict=False,
-                                   dynamic_shapes=(None, span, None, None, tuple(None for _ in kv)))
+    head = (torch.ones(rows, 1, dtype=torch.long), mask, step.slot, src_mask)
+    if with_choice:
+        exported = torch.export.export(_StepAndChoice(model), (*head, torch.zeros(src.shape[0], BEAM), *kv),
+                                       strict=False,
+                                       dynamic_shapes=(None, span, None, None, None, tuple(None for _ in kv)))
+    else:
+        exported = torch.export.export(_Step(model), (*head, *kv), strict=False,
+                                       dynamic_shapes=(None, span, None, None, tuple(None for _ in kv)))
     step.close()
     aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(PACKAGE_OPTIONS))
     end_decoding(model)
@@ -110,20 +147,27 @@ def worker(impl: str, reps: int) -> dict:
     model, src, src_mask = model_and_sources()
     rows = src.shape[0] * BEAM
     tokens = torch.full((rows, 1), 5)
-    loader = torch._C._aoti.AOTIModelPackageLoader(os.environ[PACKAGE_ENV], "model", False, 1, -1)
+    scores = torch.randn(src.shape[0], BEAM, generator=torch.Generator().manual_seed(0))  # (N, K)
+    choice = impl.startswith("choice")
+    package = choice_package(os.environ[PACKAGE_ENV]) if choice else os.environ[PACKAGE_ENV]
+    loader = torch._C._aoti.AOTIModelPackageLoader(package, "model", False, 1, -1)
+    eager = impl.endswith("eager")
     per_run = []
     for _ in range(reps + 1):  # the first untimed
-        first_step(model, src, src_mask, packed=impl == "step-eager")
+        first_step(model, src, src_mask, packed=eager)
         kv, slot = step_inputs(model), torch.zeros(1, dtype=torch.long)
         visible = torch.ones(rows, SLOTS, dtype=torch.bool)
         steps = []
         for i in range(1, NEW + 1):
             t0 = time.perf_counter()
-            if impl == "step-eager":
-                model.decode(tokens, None, src_mask)
+            if eager:
+                logits = model.decode(tokens, None, src_mask)
+                if choice:
+                    choose_eager(logits[:, -1], scores)
             else:
                 slot.fill_(i)
-                loader.run([tokens, visible[:, None, None, :i + 1].contiguous(), slot, src_mask, *kv])
+                mask = visible[:, None, None, :i + 1].contiguous()  # (N K, 1, 1, span)
+                loader.run([tokens, mask, slot, src_mask, *([scores] if choice else []), *kv])
             steps.append(time.perf_counter() - t0)
         end_decoding(model)
         per_run.append(statistics.fmean(steps))
@@ -134,6 +178,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--with-choice", action="store_true",
+                    help="also the step with the log-softmax and the choice of continuations, exported together")
     ap.add_argument("--out", default="bench/results/beam_step_aot.json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,14 +189,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[PACKAGE_ENV] = os.path.join(tmp, "beam_step.pt2")
         build_s = build(os.environ[PACKAGE_ENV])
-        runs = run_alternating(__file__, ["qkv", "ct2", "step-eager", "step-aot"], args.repeats,
-                               ["--reps", str(args.reps)])
+        impls = ["qkv", "ct2", "step-eager", "step-aot"]
+        if args.with_choice:
+            build_s = [build_s, build(choice_package(os.environ[PACKAGE_ENV]), with_choice=True)]
+            impls += ["choice-eager", "choice-aot"]
+        runs = run_alternating(__file__, impls, args.repeats, ["--reps", str(args.reps)])
     summary = {impl: median_of(rs, "ms_per_step") for impl, rs in runs.items()}
     # The search with the exported step in place of the eager one: the rest of the search as measured.
     summary["projected_search_with_aot_step"] = summary["qkv"] - summary["step-eager"] + summary["step-aot"]
     summary["ratio_qkv_over_ct2"] = summary["ct2"] / summary["qkv"]
     summary["ratio_projected_over_ct2"] = summary["ct2"] / summary["projected_search_with_aot_step"]
     summary["ratio_step_aot_over_eager"] = summary["step-eager"] / summary["step-aot"]
+    if args.with_choice:  # the same, with the step and the choice after it exported together
+        summary["projected_search_with_aot_choice"] = summary["qkv"] - summary["choice-eager"] + summary["choice-aot"]
+        summary["ratio_projected_choice_over_ct2"] = summary["ct2"] / summary["projected_search_with_aot_choice"]
     write_result(args.out, {"benchmark": "beam search's decoder step exported and built ahead of time (timing "
                                          "only), beside the eager step and whole searches, ms a step",
                             "build_s": build_s, "summary": summary, "runs": runs})
