@@ -199,10 +199,8 @@ def background_build(path: Path) -> BackgroundBuild | None:
         text, age = marker.read_text().strip(), time.time() - marker.stat().st_mtime
     except OSError:  # none (or no cache folder to hold one)
         return None
-    pid = int(text) if text.isdigit() else None
-    if pid is None:  # the marker is written before its pid: a build being started, unless that was long ago
-        return BackgroundBuild(None, age < BACKGROUND_TIMEOUT, log)
-    return BackgroundBuild(pid, _alive(pid) and age < BACKGROUND_TIMEOUT, log)
+    pid = int(text) if text.isdigit() else None  # None: the marker is written before its pid (a build starting)
+    return BackgroundBuild(pid, age < BACKGROUND_TIMEOUT and (pid is None or _alive(pid)), log)
 
 
 def _alive(pid: int) -> bool:
@@ -212,9 +210,7 @@ def _alive(pid: int) -> bool:
         return True
     try:
         os.kill(pid, 0)  # signal 0: nothing sent, only whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's: not our builder any more
+    except (ProcessLookupError, PermissionError):  # gone, or another user's: not our builder any more
         return False
     return True
 
