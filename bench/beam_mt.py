@@ -45,14 +45,15 @@ def sources(vocab: int):
     return src
 
 
-def searches(impl: str, size: str):
-    """A function that runs one beam search of ``impl`` over the 16 sources, on a model of ``size``."""
+def searches(impl: str, size: str, changes: dict | None = None):
+    """A function that runs one beam search of ``impl`` over the 16 sources, on a model of ``size`` (its
+    dimensions with ``changes``, e.g. ``{"d_ff": 2048}``)."""
     import torch
 
     from qkv import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    dims = SIZES[size]
+    dims = {**SIZES[size], **(changes or {})}
     src = sources(dims["vocab_size"])
     model = Transformer(ModelConfig(**dims, dropout=0.1, max_len=256)).eval()
     if linear_backend_for(impl) in ("qkv", "qkv-int8"):

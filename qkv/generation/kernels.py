@@ -12,7 +12,7 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
   for one-row products of 384 inputs to 1,536 outputs on an AMD EPYC, 0.6x for 1,536 to 384); oneDNN's
   packed weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD
   EPYC and at half of it on an Intel Xeon (docs/BENCHMARKS.md); and MKL's own packed weights
-  (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on x86, which PyTorch reaches as
+  (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on Intel CPUs, which PyTorch reaches as
   ``torch.ops.mkl._mkl_linear``): 1.3x the default for the 8-row products of a GPT step on an Intel
   Xeon. So no kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the
   first time a shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
