@@ -265,6 +265,7 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
     """
     run = Run.of(run)
     device = resolve_device(device)
+    arch = run.arch  # config.json first: a missing directory or config is named as such, before the other files
     missing = [] if run.file(TOKENIZER_FILE).is_file() else [TOKENIZER_FILE]
     try:
         path = run.weights_path(weights)
@@ -275,7 +276,7 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
     if missing:
         raise FileNotFoundError(f"{run.path}: missing {' and '.join(missing)}; a run holds {CONFIG_FILE}, "
                                 f"{TOKENIZER_FILE} and its weights")
-    model = MODELS[run.arch](run.model_config)
+    model = MODELS[arch](run.model_config)
     tokenizer = run.tokenizer()
     tensors, _ = read_weights(path)  # a damaged file is its own error (CheckpointError), not a mismatch
     try:

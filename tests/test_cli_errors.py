@@ -67,6 +67,8 @@ CASES = [
     (["finetune", "--run", "{R}/mt", "--data", "{R}/sft.jsonl", "--out", "{R}/ft1", "train.warmup=0"], 2,
      "qkv finetune needs a run of"),
     (["plot", "attention", "--run", "{R}/empty", "hi"], 2, "{R}/empty: no config.json"),
+    (["export", "hf", "--run", "{R}/nowhere", "--out", "{R}/hf1"], 2, "run directory not found: {R}/nowhere"),
+    (["export", "ctranslate2", "--run", "{R}/empty", "--out", "{R}/ct1"], 2, "{R}/empty: no config.json"),
     (["generate", "--run", "{R}/badconfig", "x"], 2, "{R}/badconfig/config.json:1: not valid JSON"),
     (["translate", "--run", "{R}/badtok"], 2, "{R}/badtok/tokenizer.json: not a JSON tokenizer file"),
     (["translate", "--run", "{R}/badweights"], 1, "{R}/badweights/model.safetensors: not a readable safetensors"),

@@ -78,8 +78,9 @@ class GPT2Tokenizer:
         except Exception as e:  # noqa: BLE001 - network and cache errors of every kind
             raise TokenizerError(
                 f"tiktoken could not load GPT-2's files ({type(e).__name__}: {e}); it downloads them once, or reads "
-                "them from TIKTOKEN_CACHE_DIR; without a network, use GPT2Tokenizer.from_files (merges.txt and "
-                "vocab.json of a Hugging Face GPT-2 folder)"
+                "them from TIKTOKEN_CACHE_DIR; without a network, give a folder with GPT-2's merges.txt and "
+                "vocab.json (a Hugging Face GPT-2 folder): qkv convert gpt2 --tokenizer FOLDER, or "
+                "GPT2Tokenizer.from_files"
             ) from None
 
     @classmethod

@@ -160,21 +160,25 @@ def convert_gpt2_run(source: str | Path, run_dir: str | Path, tokenizer: str | P
     run_dir, folder = Path(run_dir), Path(source)
     if Run(run_dir).exists:
         raise RunError(f"{run_dir} already holds a run; pick another --run")
+    if not folder.is_dir() and (folder.is_absolute() or str(source).startswith(".")):
+        raise FileNotFoundError(f"{source}: no such folder (--from takes a folder saved by save_pretrained, or "
+                                "a model name to download such as gpt2)")
     files = ("merges.txt", "vocab.json")
     if tokenizer is not None:
         missing = [name for name in files if not (Path(tokenizer) / name).is_file()]
         if missing:
             raise FileNotFoundError(f"{tokenizer}: no {' or '.join(missing)} (GPT-2's tokenizer files, as "
                                     "save_pretrained writes them)")
-        folder = Path(tokenizer)
-    if all((folder / name).is_file() for name in files):
-        gpt2_tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
-    else:
-        gpt2_tokenizer = GPT2Tokenizer.from_tiktoken()
+    # The weights first: a wrong --from is named before the tokenizer (which may need a download) is sought.
     try:
         hf_model = transformers.GPT2LMHeadModel.from_pretrained(str(source))
     except OSError as e:  # not a folder of weights, and no such model (or no network to fetch it)
         raise FileNotFoundError(f"{source}: no GPT-2 weights there ({str(e).splitlines()[0][:200]})") from None
+    folder = Path(tokenizer) if tokenizer is not None else folder
+    if all((folder / name).is_file() for name in files):
+        gpt2_tokenizer = GPT2Tokenizer.from_files(folder / "merges.txt", folder / "vocab.json")
+    else:
+        gpt2_tokenizer = GPT2Tokenizer.from_tiktoken()
     model = gpt_from_hf(hf_model)
     if model.cfg.vocab_size != gpt2_tokenizer.vocab_size:
         raise ValueError(f"{source}: the model has {model.cfg.vocab_size} token embeddings, GPT-2's tokenizer "

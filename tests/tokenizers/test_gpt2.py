@@ -81,7 +81,7 @@ def test_unreadable_sources_are_clear_errors(tmp_path, monkeypatch):
         GPT2Tokenizer.from_files(tmp_path / "merges.txt", tmp_path / "vocab.json")
 
     monkeypatch.setattr("tiktoken_ext.openai_public.gpt2", offline)
-    with pytest.raises(TokenizerError, match="from_files"):
+    with pytest.raises(TokenizerError, match="qkv convert gpt2 --tokenizer FOLDER, or GPT2Tokenizer.from_files"):
         GPT2Tokenizer.from_tiktoken()
 
 
@@ -142,15 +142,42 @@ def test_convert_takes_the_tokenizer_files_from_their_own_folder(hf_folder, tmp_
 def test_convert_names_what_to_install_and_what_is_not_there(hf_folder, tmp_path, capsys, monkeypatch):
     import importlib
 
-    argv = ["convert", "gpt2", "--from", str(tmp_path / "nothing"), "--run", str(tmp_path / "run")]
+    (tmp_path / "empty").mkdir()  # a folder, without weights
+    argv = ["convert", "gpt2", "--from", str(tmp_path / "empty"), "--run", str(tmp_path / "run")]
     assert qkv.cli.main(argv) == 2
-    assert capsys.readouterr().err.startswith(f"qkv convert: error: {tmp_path / 'nothing'}: no GPT-2 weights there")
+    assert capsys.readouterr().err.startswith(f"qkv convert: error: {tmp_path / 'empty'}: no GPT-2 weights there")
     real = importlib.import_module
     monkeypatch.setattr(importlib, "import_module", lambda name, *a: (_ for _ in ()).throw(
         ModuleNotFoundError(name)) if name == "transformers" else real(name, *a))
     assert qkv.cli.main(argv) == 2
     assert capsys.readouterr().err == ("qkv convert: error: qkv convert gpt2 needs transformers, an optional part "
                                        "of qkv: pip install 'qkv[hf]'\n")
+
+
+def test_convert_names_a_wrong_from_before_it_seeks_a_tokenizer(hf_folder, tmp_path, capsys, monkeypatch):
+    """Offline, a missing --from folder is named as such, not as tiktoken's failed download; and the download's
+    failure says how to give the tokenizer's files instead."""
+    def offline(cls):
+        raise TokenizerError("tiktoken could not load GPT-2's files (offline)")
+    monkeypatch.setattr(GPT2Tokenizer, "from_tiktoken", classmethod(offline))
+    for missing in (tmp_path / "nothing", "./nothing"):
+        argv = ["convert", "gpt2", "--from", str(missing), "--run", str(tmp_path / "run")]
+        assert qkv.cli.main(argv) == 2
+        assert capsys.readouterr().err == (f"qkv convert: error: {missing}: no such folder (--from takes a folder "
+                                           "saved by save_pretrained, or a model name to download such as gpt2)\n")
+    import transformers
+
+    def no_network(cls, name, *args, **kwargs):
+        raise OSError(f"We couldn't connect to load the files of {name}")
+    real = transformers.GPT2LMHeadModel.from_pretrained
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", classmethod(no_network))
+    assert qkv.cli.main(["convert", "gpt2", "--from", "gpt2", "--run", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == ("qkv convert: error: gpt2: no GPT-2 weights there (We couldn't connect to "
+                                       "load the files of gpt2)\n")  # the weights, asked first, not tiktoken
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", real)
+    folder, hf, tok = hf_folder  # weights without the tokenizer's files beside them: tiktoken is asked, and fails
+    assert qkv.cli.main(["convert", "gpt2", "--from", str(folder), "--run", str(tmp_path / "run")]) == 2
+    assert "tiktoken could not load" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 def test_a_converted_gpt2_fine_tunes_without_tokens_and_mixes_the_text_it_is_given(hf_folder, tmp_path, capsys):
