@@ -345,7 +345,10 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
     """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file."""
-    cfg = from_dict(cls, read_yaml_mapping(path), where=str(path))
+    try:
+        cfg = from_dict(cls, read_yaml_mapping(path), where=str(path))
+    except ConfigError as e:  # a value a config's own check refuses (d_model -3) names its class, not the file
+        raise ConfigError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 

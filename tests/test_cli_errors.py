@@ -48,6 +48,7 @@ def place(tmp_path_factory):
     (root / "binary.txt").write_bytes(b"\xff\xfe not UTF-8\n")
     (root / "bad.yaml").write_text("model: [\n", encoding="utf-8")
     (root / "typo.yaml").write_text("modle: {}\n", encoding="utf-8")
+    (root / "negative.yaml").write_text("model:\n  d_model: -3\n", encoding="utf-8")
     (root / "bad.jsonl").write_text('{"prompt": "a"}\n', encoding="utf-8")
     return root
 
@@ -101,6 +102,8 @@ CASES = [
     (["train", "lm", "--recipe", "{R}/none.yaml", "--run", "{R}/new5"], 2, "recipe file not found"),
     (["train", "lm", "--recipe", "{R}/bad.yaml", "--run", "{R}/new6"], 2, "{R}/bad.yaml:2: not valid YAML"),
     (["train", "lm", "--recipe", "{R}/typo.yaml", "--run", "{R}/new7"], 2, "unknown key 'modle' (did you mean 'model'?)"),
+    (["train", "lm", "--recipe", "{R}/negative.yaml", "--run", "{R}/negrun"], 2,
+     "{R}/negative.yaml: ModelConfig.d_model must be positive, got -3"),
     (["train", "lm", "--recipe", "shakespear"], 2, "did you mean 'shakespeare_char'?"),
     (["train", "lm", "--recipe", "{R}/lm.yaml", "--run", "{R}/new8", "train.lrr=1"], 2, "did you mean 'lr'?"),
     (["train", "lm", "--recipe", "{R}/lm.yaml", "--run", "{R}/new9", "train.lr=-1"], 2, "lr > 0"),
