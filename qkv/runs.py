@@ -25,10 +25,11 @@ Weights are named by one vocabulary everywhere (``--weights``): ``model``, ``bes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -246,6 +247,20 @@ class Run:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
         return self
+
+    @contextlib.contextmanager
+    def starting(self, resume: bool = False, overwrite: bool = False) -> Iterator[Run]:
+        """:meth:`prepare`, then the writing of a new run's first files (tokenizer, config, tokens) in the
+        ``with`` block; if that fails (an empty corpus, a wrong tokenizer source), they go again: a run that
+        never started would otherwise hold a ``config.json`` and refuse the corrected command without
+        ``--overwrite``. A resumed run's files are never touched."""
+        self.prepare(resume, overwrite)
+        try:
+            yield self
+        except BaseException:
+            if not resume:
+                self.prepare(overwrite=True)
+            raise
 
 
 def load_model(run: Run | str | Path, weights: str | Path | None = None,

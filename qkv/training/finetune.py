@@ -324,10 +324,11 @@ def finetune(
         pretrain.check_context(context)
 
     def prepare() -> None:  # the main rank writes the run directory; any others wait
-        Run(out_dir).prepare(resume, overwrite)
-        tokenizer.save(out_dir)
-        save_json(recipe, out_dir / CONFIG_FILE)
-        write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)})
+        with Run(out_dir).starting(resume, overwrite):
+            tokenizer.save(out_dir)
+            save_json(recipe, out_dir / CONFIG_FILE)
+            write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec,
+                                                 "finetune": to_dict(cfg)})
 
     ranks.main_first(prepare)
 

@@ -30,7 +30,7 @@ from qkv.config import ConfigError, load_recipe, save_json
 from qkv.data.corpora import get_corpus, read_parallel, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, load_tokens, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import autocast, read_text_file, to_device
+from qkv.io import DataError, autocast, read_text_file, to_device
 from qkv.models.gpt import GPT
 from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
@@ -61,7 +61,10 @@ def load_lm_recipe(name: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
 def read_corpus(cfg: LMDataConfig) -> str:
     """The training text: ``cfg.path`` if set, else the registered corpus ``cfg.corpus``."""
     if cfg.path:
-        return read_text_file(cfg.path)
+        text = read_text_file(cfg.path)
+        if not text.strip():
+            raise DataError(f"{cfg.path}: no text to train on (data.path); give a file with the training text")
+        return text
     return read_text(cfg.corpus, cfg.data_dir or None)
 
 
@@ -170,14 +173,15 @@ def train_lm(
     # 2. data: tokenized once into RUN/tokens.bin (reused while text and tokenizer are unchanged).
     # The main rank writes the run directory while any others wait; then every rank reads it.
     def prepare() -> None:
-        Run(run_dir).prepare(resume, overwrite)
-        if not resume:
-            tokenizer = Run(init_from).tokenizer() if init_from else build_tokenizer(
-                recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
-            tokenizer.save(run_dir)
-        tokenizer = load_tokenizer(run_dir)
-        save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)), run_dir / CONFIG_FILE)
-        tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
+        with Run(run_dir).starting(resume, overwrite):
+            if not resume:
+                tokenizer = Run(init_from).tokenizer() if init_from else build_tokenizer(
+                    recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
+                tokenizer.save(run_dir)
+            tokenizer = load_tokenizer(run_dir)
+            save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)),
+                      run_dir / CONFIG_FILE)
+            tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
 
     ranks.main_first(prepare)
     tokenizer = load_tokenizer(run_dir)

@@ -212,13 +212,13 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                           f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")
 
     def prepare() -> None:
-        Run(run_dir).prepare(resume, overwrite)
-        if not resume:
-            train_joint_bpe(train_src, train_tgt, d.vocab_size).save(run_dir)
-        tok = load_tokenizer(run_dir)
-        # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
-        save_json(replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)),
-                  run_dir / CONFIG_FILE)
+        with Run(run_dir).starting(resume, overwrite):
+            if not resume:
+                train_joint_bpe(train_src, train_tgt, d.vocab_size).save(run_dir)
+            tok = load_tokenizer(run_dir)
+            # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
+            save_json(replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)),
+                      run_dir / CONFIG_FILE)
 
     ranks.main_first(prepare)
     tok = load_tokenizer(run_dir)

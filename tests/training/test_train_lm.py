@@ -1,12 +1,13 @@
 """The GPT pretraining loop: exact resume, --init-from, the run directory, and clear errors."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
-from qkv.runs import load_model
+from qkv.runs import Run, load_model
 from qkv.training.lm_run import LMRecipe, load_run_recipe
 from qkv.training.train_lm import load_lm_recipe, train_lm
 
@@ -109,6 +110,26 @@ def test_resume_and_new_runs_refuse_the_wrong_directory(tmp_path):
     train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
     with pytest.raises(ValueError, match="already holds a run"):
         train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
+
+
+def test_a_run_that_could_not_start_leaves_nothing_behind(tmp_path):
+    """A corpus too short to train on fails after the tokenizer and config are written: they go again, so that
+    the corrected command starts the run without --overwrite; a resumed run's files are never removed."""
+    recipe = tiny(tmp_path, steps=2, eval_every=2, warmup=1)
+    short = tmp_path / "short.txt"
+    short.write_text("a", encoding="utf-8")  # one token
+    with pytest.raises(ValueError, match="has 1 tokens"):
+        train_lm(replace(recipe, data=replace(recipe.data, path=str(short))), tmp_path / "run", quiet=True, plot=False)
+    assert list((tmp_path / "run").iterdir()) == []
+    (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty.txt: no text to train on"):
+        train_lm(replace(recipe, data=replace(recipe.data, path=str(tmp_path / "empty.txt"))), tmp_path / "run",
+                 quiet=True, plot=False)
+    train_lm(recipe, tmp_path / "run", quiet=True, plot=False)  # the corrected command, no --overwrite
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with pytest.raises(RuntimeError, match="inside"), Run(tmp_path / "run").starting(resume=True):
+        raise RuntimeError("inside")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
 def test_recipe_errors_name_the_key(tmp_path):
