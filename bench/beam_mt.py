@@ -17,15 +17,14 @@ compute type), given the same threads as torch. ``--size base`` is the paper's b
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
-    ctranslate2_folder, linear_backend_for, median_of, peer_threads, run_alternating, time_steps, write_result,
+    ctranslate2_folder, decoding_bench_args, linear_backend_for, median_of, peer_threads, run_alternating, time_steps,
+    write_result,
 )
 from train_mt import D, FF, HEADS, LAYERS, PAD, VOCAB  # noqa: E402
 
@@ -112,17 +111,11 @@ def worker(impl: str, reps: int, size: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=3, help="timed decodes per process")
-    ap.add_argument("--impls", default="qkv,marian,ct2,qkv-int8,ct2-int8,qkv-aten,qkv-transposed,qkv-onednn,qkv-mkl")
-    ap.add_argument("--size", choices=SIZES, default="small")
-    ap.add_argument("--out", default="bench/results/beam_mt.json")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.reps, args.size)))
-        return
+    def extra(ap) -> None:
+        ap.add_argument("--impls", default="qkv,marian,ct2,qkv-int8,ct2-int8,qkv-aten,qkv-transposed,qkv-onednn,qkv-mkl")
+        ap.add_argument("--size", choices=SIZES, default="small")
+    args = decoding_bench_args(__doc__, "bench/results/beam_mt.json", 5, lambda a: worker(a.worker, a.reps, a.size),
+                               "timed decodes per process", extra)
     runs = run_alternating(__file__, args.impls.split(","), args.repeats,
                            ["--reps", str(args.reps), "--size", args.size])
     summary = {impl: {"sentences_per_s_median": median_of(rs, "sentences_per_s")} for impl, rs in runs.items()}

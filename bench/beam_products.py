@@ -24,10 +24,8 @@ step), three ways, each in fresh processes alternating for ``--repeats`` rounds:
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import glob
-import json
 import os
 import statistics
 import sys
@@ -35,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from beam_mt import BEAM, NEW, SIZES, SOURCES, searches, sources  # noqa: E402
-from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 WIDTHS = (1024, 2048)  # d_ff: the small model's, and twice it
 ENGINES = ("qkv", "ct2")
@@ -232,15 +230,8 @@ def worker(impl: str, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=3, help="timed searches (gemm: rounds of 20 sweeps) per process")
-    ap.add_argument("--out", default="bench/results/beam_products.json")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.reps)))
-        return
+    args = decoding_bench_args(__doc__, "bench/results/beam_products.json", 5, lambda a: worker(a.worker, a.reps),
+                               "timed searches (gemm: rounds of 20 sweeps) per process")
     gflop = {w: run_alternating(__file__, [f"flop@{w}"], 1, [])[f"flop@{w}"][0]["product_gflop"] for w in WIDTHS}
     impls = ["gemm", "inside", *(f"{e}@{w}" for e in ENGINES for w in WIDTHS)]
     runs = run_alternating(__file__, impls, args.repeats, ["--reps", str(args.reps)])

@@ -18,8 +18,6 @@ does next on the device, the log-softmax and the choice of the 2k best continuat
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +29,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from beam_mt import BEAM, NEW, SIZES, searches, sources  # noqa: E402
-from common import median_of, run_alternating, time_steps, write_result  # noqa: E402
+from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 from qkv import ModelConfig, Transformer  # noqa: E402
 from qkv.generation.beam import _best_continuations  # noqa: E402
@@ -175,17 +173,11 @@ def worker(impl: str, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--with-choice", action="store_true",
-                    help="also the step with the log-softmax and the choice of continuations, exported together")
-    ap.add_argument("--out", default="bench/results/beam_step_aot.json")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.reps)))
-        return
+    def extra(ap) -> None:
+        ap.add_argument("--with-choice", action="store_true",
+                        help="also the step with the log-softmax and the choice of continuations, exported together")
+    args = decoding_bench_args(__doc__, "bench/results/beam_step_aot.json", 3, lambda a: worker(a.worker, a.reps),
+                               "timed searches (or runs of 30 steps) per process", extra)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[PACKAGE_ENV] = os.path.join(tmp, "beam_step.pt2")
         build_s = build(os.environ[PACKAGE_ENV])

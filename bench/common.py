@@ -141,6 +141,27 @@ def run_alternating(script: str, impls: list[str], repeats: int, extra: list[str
     return runs
 
 
+def decoding_bench_args(doc: str, out: str, repeats: int, work: Callable[..., dict], reps_help: str,
+                        extra: Callable[..., None] | None = None):
+    """The options of a benchmark of alternating worker processes (``--repeats`` rounds, ``--reps`` timings in
+    each process, ``--out``); in a worker process (the hidden ``--worker IMPL``), print ``work(args)`` as
+    JSON and exit. ``extra(parser)`` adds the benchmark's own options."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=repeats, help="alternating rounds of fresh processes")
+    ap.add_argument("--reps", type=int, default=3, help=reps_help)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(work(args)))
+        sys.exit(0)
+    return args
+
+
 def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
