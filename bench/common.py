@@ -141,25 +141,32 @@ def run_alternating(script: str, impls: list[str], repeats: int, extra: list[str
     return runs
 
 
-def decoding_bench_args(doc: str, out: str, repeats: int, work: Callable[..., dict], reps_help: str,
-                        extra: Callable[..., None] | None = None):
-    """The options of a benchmark of alternating worker processes (``--repeats`` rounds, ``--reps`` timings in
-    each process, ``--out``); in a worker process (the hidden ``--worker IMPL``), print ``work(args)`` as
-    JSON and exit. ``extra(parser)`` adds the benchmark's own options."""
+def bench_args(doc: str, out: str, repeats: int, work: Callable[..., dict], *options: Callable[..., None] | None):
+    """The options of a benchmark of alternating worker processes: ``--repeats`` rounds, ``--out``, each of
+    ``options(parser)``'s; in a worker process (the hidden ``--worker IMPL``), print ``work(args)`` as JSON
+    and exit."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=repeats, help="alternating rounds of fresh processes")
-    ap.add_argument("--reps", type=int, default=3, help=reps_help)
     ap.add_argument("--out", default=out)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    if extra is not None:
-        extra(ap)
+    for add in options:
+        if add is not None:
+            add(ap)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(work(args)))
         sys.exit(0)
     return args
+
+
+def decoding_bench_args(doc: str, out: str, repeats: int, work: Callable[..., dict], reps_help: str,
+                        extra: Callable[..., None] | None = None):
+    """:func:`bench_args` with ``--reps``, the timings in each process; ``extra(parser)`` adds the
+    benchmark's own options."""
+    return bench_args(doc, out, repeats, work, lambda ap: ap.add_argument("--reps", type=int, default=3,
+                                                                          help=reps_help), extra)
 
 
 def median_of(runs: list[dict], key: str) -> float:
@@ -190,21 +197,11 @@ def training_bench_args(doc: str, impls: str, out: str, steps: int, worker: Call
 
     ``extra(parser)`` adds the benchmark's own options; they are passed on to the workers.
     """
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5, help="alternating rounds of fresh processes")
-    ap.add_argument("--steps", type=int, default=steps, help="timed steps per process")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--impls", default=impls)
-    ap.add_argument("--out", default=out)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    if extra is not None:
-        extra(ap)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args)))
-        sys.exit(0)
+    def training(ap) -> None:
+        ap.add_argument("--steps", type=int, default=steps, help="timed steps per process")
+        ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+        ap.add_argument("--impls", default=impls)
+    args = bench_args(doc, out, 5, worker, training, extra)
     # Everything but the orchestration options goes to the workers as given.
     skip = {"--repeats", "--impls", "--out"}
     passed, i, argv = [], 0, sys.argv[1:]
