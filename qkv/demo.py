@@ -133,11 +133,14 @@ def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrid
     print(f"  {'metrics.jsonl':<28} every logged number; {RESULTS_JSON}: this summary")
     print()
     print("Try next:")
-    print(f"  echo '小红饿了，她想回家。' | qkv translate --run {run_dir}")
-    print(f"  qkv eval mt --run {run_dir} --split test")
-    print(f"  qkv explore --run {run_dir}                      # attention in the browser")
-    print("  qkv data list                                      # the real corpora")
-    print("  qkv train mt --recipe multi30k_de_en                  # German -> English on Multi30K")
+    commands = [(f"echo '小红饿了，她想回家。' | qkv translate --run {run_dir}", ""),
+                (f"qkv eval mt --run {run_dir} --split test", ""),
+                (f"qkv explore --run {run_dir}", "attention in the browser"),
+                ("qkv data list", "the real corpora"),
+                ("qkv train mt --recipe multi30k_de_en", "German -> English on Multi30K")]
+    width = max(len(command) for command, what in commands if what)
+    for command, what in commands:
+        print(f"  {command:{width}}   # {what}" if what else f"  {command}")
     if not results["seed_correct"] or (test.get("bleu") or 0) < 90:
         _eprint("note: this run missed the demo's usual result (seed sentence exact, BLEU >= 90); "
                 "try again with --seed 2, or train longer: qkv demo train.steps=600")

@@ -226,6 +226,8 @@ def test_demo_smoke(tmp_path, capsys, recwarn):
     assert not [w for w in recwarn if "missing from font" in str(w.message)]
     out = capsys.readouterr().out
     assert "Test BLEU" in out and "小明累了，他想睡觉。" in out and "Try next" in out and str(run) in out
+    comments = {line.index(" # ") for line in out.splitlines() if line.startswith("  qkv ") and " # " in line}
+    assert len(comments) == 1  # the suggested commands' comments in one column, whatever the run's path
     assert (run / ATTENTION_PNG).stat().st_size > 1000
     results = json.loads((run / RESULTS_JSON).read_text(encoding="utf-8"))
     assert results["seed_sentence"] == "小明累了，他想睡觉。" and len(results["examples"]) == 5
