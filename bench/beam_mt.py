@@ -44,17 +44,22 @@ def sources(vocab: int):
     return src
 
 
-def searches(impl: str, size: str, changes: dict | None = None):
-    """A function that runs one beam search of ``impl`` over the 16 sources, on a model of ``size`` (its
-    dimensions with ``changes``, e.g. ``{"d_ff": 2048}``)."""
+def model_of(size: str, changes: dict | None = None):
+    """The benchmarks' model: random weights (seed 0), eval mode, the dimensions of ``size`` with ``changes``
+    (e.g. ``{"d_ff": 2048}``)."""
     import torch
 
     from qkv import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    dims = {**SIZES[size], **(changes or {})}
-    src = sources(dims["vocab_size"])
-    model = Transformer(ModelConfig(**dims, dropout=0.1, max_len=256)).eval()
+    return Transformer(ModelConfig(**{**SIZES[size], **(changes or {})}, dropout=0.1, max_len=256)).eval()
+
+
+def searches(impl: str, size: str, changes: dict | None = None):
+    """A function that runs one beam search of ``impl`` over the 16 sources, on :func:`model_of` ``size``
+    with ``changes``."""
+    model = model_of(size, changes)
+    src = sources(model.cfg.vocab_size)
     if linear_backend_for(impl) in ("qkv", "qkv-int8"):
         from qkv.generation.beam import beam_search
         from qkv.generation.quantize import quantized

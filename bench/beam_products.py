@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from beam_mt import BEAM, NEW, SIZES, SOURCES, searches, sources  # noqa: E402
+from beam_mt import BEAM, NEW, SOURCES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 WIDTHS = (1024, 2048)  # d_ff: the small model's, and twice it
@@ -68,15 +68,6 @@ def ct2_gemm():
     return product
 
 
-def step_model(changes: dict | None = None):
-    import torch
-
-    from qkv import ModelConfig, Transformer
-
-    torch.manual_seed(0)  # bench/beam_mt.py's model
-    return Transformer(ModelConfig(**{**SIZES["small"], **(changes or {})}, dropout=0.1, max_len=256)).eval()
-
-
 def gemm_worker(reps: int) -> dict:
     """Each kernel's time for each of the step's product shapes, in the step's order; microseconds."""
     import torch
@@ -84,9 +75,9 @@ def gemm_worker(reps: int) -> dict:
     from qkv.generation import kernels
 
     ct2 = ct2_gemm()
-    linears = kernels.step_linears(step_model())
+    linears = kernels.step_linears(model_of("small"))
     # After the step's 19, the wider model's two feed-forward products (what search@2048 adds, 3 times).
-    wide = step_model({"d_ff": WIDTHS[1]}).decoder_layers[0].feed_forward
+    wide = model_of("small", {"d_ff": WIDTHS[1]}).decoder_layers[0].feed_forward
     ws = [m.weight.detach().contiguous() for m in [*linears, wide.w_1, wide.w_2]]  # (out, in)
     g = torch.Generator().manual_seed(0)
     xs = {n: torch.empty(ROWS, n).uniform_(-1, 1, generator=g) for n in {w.shape[1] for w in ws}}  # (64, in)
@@ -187,7 +178,8 @@ def inside_worker(reps: int) -> dict:
     from qkv.generation import kernels
     from qkv.generation.beam import beam_search
 
-    model, src = step_model(), sources(SIZES["small"]["vocab_size"])
+    model = model_of("small")
+    src = sources(model.cfg.vocab_size)
 
     def run():
         beam_search(model, src, bos_id=1, eos_id=2, beam_size=BEAM, alpha=0.6, limit=NEW)

@@ -28,10 +28,9 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from beam_mt import BEAM, NEW, SIZES, searches, sources  # noqa: E402
+from beam_mt import BEAM, NEW, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
-from qkv import ModelConfig, Transformer  # noqa: E402
 from qkv.generation.beam import _best_continuations  # noqa: E402
 from qkv.generation.compiled import CompiledStep, caches_of  # noqa: E402
 from qkv.generation.kernels import end_decoding, start_decoding  # noqa: E402
@@ -48,9 +47,8 @@ def choice_package(path: str) -> str:
 
 
 def model_and_sources():
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(**SIZES["small"], dropout=0.1, max_len=256)).eval()  # as bench/beam_mt.py
-    src = sources(SIZES["small"]["vocab_size"])
+    model = model_of("small")
+    src = sources(model.cfg.vocab_size)
     return model, src, padding_mask(src, model.cfg.pad_id)  # (B, S), (B, 1, 1, S)
 
 
