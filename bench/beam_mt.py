@@ -73,10 +73,11 @@ def searches(impl: str, size: str, changes: dict | None = None):
     elif impl == "marian":
         from transformers import MarianConfig, MarianMTModel
 
+        dims = model.cfg  # HF's model gets the same dimensions (its own random weights)
         cfg = MarianConfig(
-            vocab_size=dims["vocab_size"], d_model=dims["d_model"], encoder_layers=dims["n_layers"],
-            decoder_layers=dims["n_layers"], encoder_attention_heads=dims["n_heads"],
-            decoder_attention_heads=dims["n_heads"], encoder_ffn_dim=dims["d_ff"], decoder_ffn_dim=dims["d_ff"],
+            vocab_size=dims.vocab_size, d_model=dims.d_model, encoder_layers=dims.n_layers,
+            decoder_layers=dims.decoder_layers, encoder_attention_heads=dims.n_heads,
+            decoder_attention_heads=dims.n_heads, encoder_ffn_dim=dims.d_ff, decoder_ffn_dim=dims.d_ff,
             activation_function="relu",
             max_position_embeddings=256, scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=1,
             eos_token_id=2, forced_eos_token_id=None, share_encoder_decoder_embeddings=True,

@@ -7,10 +7,12 @@ both alike; the report quotes medians and ratios, the command, the machine and t
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,7 +78,8 @@ class NumberedVocabulary:
 
 
 def ctranslate2_folder(model, quantization: str | None = None) -> str:
-    """``model`` (a qkv Transformer or GPT) written as a CTranslate2 folder the way ``qkv export ctranslate2`` does."""
+    """``model`` (a qkv Transformer or GPT) written as a CTranslate2 folder the way ``qkv export ctranslate2`` does,
+    in a temporary folder removed when the process exits (hundreds of MB at the base size, and every worker writes one)."""
     import tempfile
 
     from qkv.models.ctranslate2 import to_ctranslate2
@@ -84,6 +87,7 @@ def ctranslate2_folder(model, quantization: str | None = None) -> str:
     spec = to_ctranslate2(model, NumberedVocabulary(model.cfg.vocab_size))
     spec.optimize(quantization=quantization)
     out = tempfile.mkdtemp(prefix="qkv-bench-ct2-")
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     spec.save(out)
     return out
 

@@ -36,9 +36,8 @@ def run(tmp_path_factory):
     )
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        assert qkv.cli.main(["train", "lm", "--config", str(cfg), "--run", str(root / "run"), "--quiet",
-                             "train.steps=8"]) == 0
+    assert qkv.cli.main(["train", "lm", "--config", str(cfg), "--run", str(root / "run"), "--quiet",
+                         "train.steps=8"]) == 0
     torch.set_num_threads(n)
     return root / "run"
 

@@ -74,7 +74,7 @@ def command_group(subparsers: argparse._SubParsersAction, name: str, help: str) 
 def add_device(parser: argparse.ArgumentParser) -> None:
     """``--device``: the same option, with the same default, on every command that runs a model."""
     parser.add_argument("--device", default=DEVICE_DEFAULT,
-                        help=f"auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N")
+                        help="auto (CUDA when present, else CPU; the default), cpu, cuda or cuda:N")
 
 
 def add_quantize(parser: argparse.ArgumentParser) -> None:

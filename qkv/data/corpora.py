@@ -31,7 +31,7 @@ import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from qkv.io import DataError, decode_utf8, did_you_mean, read_lines, read_text_file, user_cache
 

@@ -26,7 +26,6 @@ The run directory has the layout of a pretraining run (so ``qkv generate --run``
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Sequence, TextIO

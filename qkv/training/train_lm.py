@@ -18,7 +18,6 @@ RUN`` is different: only the weights of another run, with a fresh optimizer and 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, TextIO
