@@ -100,19 +100,100 @@ def test_two_workers_side_by_side_fill_the_grid_once(tmp_path, capfd):
     assert sorted(trained) == names, trained
 
 
-def test_a_live_claim_is_left_to_its_worker_and_a_dead_one_is_taken_over(tmp_path):
+# A process that locks a claim file as a worker holds it, before it has written anything in it (a worker
+# between creating its claim and writing its process id), and says so.
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_held_claim_is_left_to_its_worker_and_a_dead_ones_is_free_at_once(tmp_path):
     variant = Variant(name="v", row="A")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "v.claim")], stdout=subprocess.PIPE,
+                              text=True)
     try:
-        (tmp_path / "v.claim").write_text(str(sleeper.pid))
+        assert holder.stdout.readline().strip() == "holding"
+        assert (tmp_path / "v.claim").read_text() == ""  # no process id yet: the claim holds all the same
         with claim(tmp_path, variant) as mine:
             assert not mine
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    with claim(tmp_path, variant) as mine:  # its process is gone: the claim is stale
+        holder.kill()
+        holder.wait()
+    with claim(tmp_path, variant) as mine:  # its process is gone, and its lock with it
         assert mine and (tmp_path / "v.claim").read_text() == str(os.getpid())
+        with claim(tmp_path, variant) as again:  # one holder, even within a process
+            assert not again
     assert not (tmp_path / "v.claim").exists()
+
+
+def test_a_claim_whose_file_was_replaced_before_its_lock_is_tried_again(tmp_path, monkeypatch):
+    """Between a worker's open and its lock, the holder may remove the file and let go, and a third worker
+    create and lock a new one: the lock then won is on a file no longer there, and must not count."""
+    from qkv.experiments import grid
+
+    path, third = tmp_path / "v.claim", []
+    real = grid.fcntl.flock
+
+    def flock(fd, operation):
+        if not third:
+            path.unlink()
+            third.append(subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE,
+                                          text=True))
+            assert third[0].stdout.readline().strip() == "holding"
+        return real(fd, operation)
+
+    monkeypatch.setattr(grid.fcntl, "flock", flock)
+    path.touch()  # a claim file left by a holder that is about to let go
+    try:
+        with claim(tmp_path, Variant(name="v", row="A")) as mine:
+            assert not mine  # the third worker holds the file that is there now
+    finally:
+        third[0].kill()
+        third[0].wait()
+
+
+# Workers racing for one variant many times over: whoever holds it logs in and out, and nobody else may
+# log in between.
+RACER = """
+import os, sys, time
+from pathlib import Path
+from qkv.experiments.grid import Variant, claim
+out, log = Path(sys.argv[1]), sys.argv[2]
+for _ in range(40):
+    with claim(out, Variant(name="v", row="A")) as mine:
+        if mine:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            os.write(fd, b"in\\n")
+            time.sleep(0.002)
+            os.write(fd, b"out\\n")
+            os.close(fd)
+"""
+
+
+def test_workers_racing_for_a_claim_hold_it_one_at_a_time(tmp_path):
+    log = tmp_path / "log"
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "claims"), str(log)]) for _ in range(4)]
+    assert [r.wait(timeout=120) for r in racers] == [0] * 4
+    lines = log.read_text().split()
+    assert lines and lines == ["in", "out"] * (len(lines) // 2)  # never two "in" in a row
+    assert not list((tmp_path / "claims").glob("*.claim"))
+
+
+def test_without_posix_locks_a_grid_runs_one_worker(tmp_path, monkeypatch, capsys):
+    from qkv.cli import experiment as cli_experiment
+    from qkv.experiments import grid
+
+    monkeypatch.setattr(grid, "fcntl", None)
+    with claim(tmp_path, Variant(name="v", row="A")) as mine:
+        assert mine
+    monkeypatch.setattr(cli_experiment, "SIDE_BY_SIDE", False)
+    assert main(grid_argv(tmp_path, "w", "--jobs", "2")) == 2
+    assert "--jobs 2: workers side by side need POSIX file locks" in capsys.readouterr().err
+    assert not list((tmp_path / "w" / "results").glob("*.json"))
 
 
 def test_the_grid_mirrors_the_paper_and_a_bad_row_is_one_line(capsys):

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
-from qkv.experiments.grid import Variant, check_results, read_results, run_grid, time_left
+from qkv.experiments.grid import SIDE_BY_SIDE, Variant, check_results, read_results, run_grid, time_left
 from qkv.io import write_text
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
@@ -80,8 +80,9 @@ def cmd_table3(args: argparse.Namespace) -> int:
         if grid:  # the overrides checked before any training (a typo fails now, not in an hour)
             table3.recipe_of(grid[0], args.steps, args.recipe, args.overrides)
         if args.jobs > 1:
-            if _workers(args):
-                return 1
+            code = _workers(args)
+            if code:
+                return code
         else:
             run_grid(grid, args.out, args.results,
                      partial(table3.train_and_score, steps=args.steps, base=args.recipe, extra=args.overrides),
@@ -116,8 +117,9 @@ def cmd_forgetting(args: argparse.Namespace) -> int:
         base = forgetting.prepare_base(out, args.base_steps, quiet=args.quiet)
         forgetting.score_base(base, results)
         if args.jobs > 1:
-            if _workers(args):
-                return 1
+            code = _workers(args)
+            if code:
+                return code
         else:
             run_grid(grid, out, results, partial(forgetting.train_and_score, base=base, steps=args.steps),
                      _log("forgetting", args.quiet))
@@ -135,6 +137,10 @@ def _log(name: str, quiet: bool):
 
 def _workers(args: argparse.Namespace) -> int:
     """Run ``args.jobs`` workers of this same command (``--jobs 1``); the grid's claims keep them apart."""
+    if not SIDE_BY_SIDE:
+        print(f"qkv experiment: error: --jobs {args.jobs}: workers side by side need POSIX file locks, which this "
+              "system lacks; run with --jobs 1", file=sys.stderr)
+        return 2
     argv = [*args.argv, "--jobs", "1"]  # argparse keeps the last --jobs
     workers = [subprocess.Popen([sys.executable, "-m", "qkv", *argv]) for _ in range(args.jobs)]
     codes = [w.wait() for w in workers]

@@ -5,8 +5,8 @@ Each variant is a name and ``section.key=value`` overrides of a base recipe. Its
 skipped (the results there must be made as the grid asks, the same step budget: :func:`check_results`);
 one with a checkpoint and no result is resumed exactly (``--resume``); the others start. So a grid
 fills across sittings, and several workers (one process each, one thread each) can share it:
-each *claims* a variant by creating ``OUT/NAME.claim`` (O_EXCL, holding its process id) before it
-trains it, and takes over a claim whose process is gone.
+each *claims* a variant before it trains it by locking ``OUT/NAME.claim`` (:func:`claim`), a lock that
+the operating system releases when its process ends, however it ends.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from qkv.io import QkvError, cpu_identity, read_json, write_json
+
+try:  # POSIX file locks: what keeps side-by-side workers apart
+    import fcntl
+except ImportError:  # Windows: one worker at a time (SIDE_BY_SIDE)
+    fcntl = None  # type: ignore[assignment]
+
+SIDE_BY_SIDE = fcntl is not None  # whether workers can share a grid here
 
 
 @dataclass(frozen=True)
@@ -86,44 +93,47 @@ def check_results(results: str | Path, variants: Sequence[Variant],
     return found_all
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def claim(out: Path, variant: Variant) -> Iterator[bool]:
-    """Yield whether this process holds ``variant`` (then released on exit): one worker trains a variant."""
+    """Yield whether this process holds ``variant`` (released on exit): one worker trains a variant.
+
+    The claim is an exclusive ``flock`` on ``OUT/NAME.claim``, which also holds the holder's process id,
+    for people to read. A lock, not the file or the id in it, decides. Claims decided by the id made two
+    workers train one variant: a claim's file exists before its creator has written its id, and another
+    worker that read it then took it for a dead worker's. The system releases a lock when its process
+    ends, so a killed worker's claim is free at once, with no id to check (a reused one looks alive).
+    Without POSIX locks (Windows) every claim holds: one worker at a time.
+    """
     path = out / f"{variant.name}.claim"
     out.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):  # a second try after clearing the claim of a process that died
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                holder = int(path.read_text() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and _alive(holder):
-                yield False
-                return
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        try:
-            yield True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    if fcntl is None:
+        yield True
         return
-    yield False
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another worker holds it
+            os.close(fd)
+            yield False
+            return
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            here = None
+        mine = os.fstat(fd)
+        if here is not None and (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+            break
+        # The holder removed the file and let go between this open and this lock: this lock is on a file
+        # no longer there, which a third worker may be creating anew. Claim what is there now.
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield True
+    finally:
+        path.unlink(missing_ok=True)  # before the lock goes: a waiting worker then finds the file gone
+        os.close(fd)
 
 
 def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
@@ -174,5 +184,5 @@ def time_left(results: dict[str, dict[str, Any]], variants: Sequence[Variant], j
     return statistics.fmean(here) * left / jobs, len(here)
 
 
-__all__ = ["Variant", "GridError", "run_grid", "check_results", "time_left", "read_results", "result_path", "claim",
+__all__ = ["SIDE_BY_SIDE", "Variant", "GridError", "run_grid", "check_results", "time_left", "read_results", "result_path", "claim",
            "spread"]
