@@ -11,8 +11,11 @@ each product's kernel by measuring it; ``qkv-aten``, ``qkv-transposed``, ``qkv-o
 same weights (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8
 compute type), given the same threads as torch. ``--size base`` is the paper's base model (512 x 6+6,
 8 heads, d_ff 2048) with a 32k vocabulary, where the products weigh more than the overhead of a step.
+``--size tiny`` is the small model at 32 dimensions (d_ff 32), its 8,000-token vocabulary kept (so that the
+end token stays rare): a step's products but the vocabulary's take next to nothing, and what is left is
+each engine's cost of a step besides its arithmetic (the log-softmax and the vocabulary's product alike).
 
-    python bench/beam_mt.py [--repeats 5] [--size small|base] [--out bench/results/beam_mt.json]
+    python bench/beam_mt.py [--repeats 5] [--size small|base|tiny] [--out bench/results/beam_mt.json]
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from train_mt import D, FF, HEADS, LAYERS, PAD, VOCAB  # noqa: E402
 
 SOURCES, BEAM, NEW = 16, 4, 30
 SIZES = {"small": dict(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS),
+         # every product but the vocabulary's shrunk to almost nothing: what a step costs besides arithmetic
+         "tiny": dict(vocab_size=VOCAB, d_model=32, n_heads=HEADS, d_ff=32, n_layers=LAYERS),
          "base": dict(vocab_size=32000, d_model=512, n_heads=8, d_ff=2048, n_layers=6)}
 
 
@@ -124,7 +129,8 @@ def main() -> None:
                                "timed decodes per process", extra)
     runs = run_alternating(__file__, args.impls.split(","), args.repeats,
                            ["--reps", str(args.reps), "--size", args.size])
-    summary = {impl: {"sentences_per_s_median": median_of(rs, "sentences_per_s")} for impl, rs in runs.items()}
+    summary = {impl: {"sentences_per_s_median": median_of(rs, "sentences_per_s"),
+                      "seconds_median": median_of(rs, "seconds")} for impl, rs in runs.items()}
     result = {"benchmark": "beam search, beam 4, 16 sources of 18-22 tokens, 30 new tokens each",
               "size": {args.size: SIZES[args.size]}, "summary": summary}
     for ours, peer in (("qkv", "marian"), ("qkv", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "marian"),

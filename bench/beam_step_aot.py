@@ -13,7 +13,9 @@ does next on the device, the log-softmax and the choice of the 2k best continuat
 (``_best_continuations``), and times that graph beside the same work eager (``choice-aot`` and
 ``choice-eager``).
 
-    python bench/beam_step_aot.py [--repeats 3] [--with-choice] [--out bench/results/beam_step_aot.json]
+``--size`` is bench/beam_mt.py's (``tiny``: what compiling does to a step's cost besides arithmetic).
+
+    python bench/beam_step_aot.py [--repeats 3] [--with-choice] [--size small|tiny|base] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from beam_mt import BEAM, NEW, model_of, searches, sources  # noqa: E402
+from beam_mt import BEAM, NEW, SIZES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 from qkv.generation.beam import _best_continuations  # noqa: E402
@@ -46,8 +48,8 @@ def choice_package(path: str) -> str:
     return path.removesuffix(".pt2") + "-choice.pt2"
 
 
-def model_and_sources():
-    model = model_of("small")
+def model_and_sources(size: str):
+    model = model_of(size)
     src = sources(model.cfg.vocab_size)
     return model, src, padding_mask(src, model.cfg.pad_id)  # (B, S), (B, 1, 1, S)
 
@@ -108,12 +110,12 @@ def choose_eager(logits: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor
 
 
 @torch.no_grad()
-def build(path: str, with_choice: bool = False) -> float:
+def build(path: str, size: str, with_choice: bool = False) -> float:
     """Export and build the step (and, ``with_choice``, the choice of continuations after it) at the search's
-    shapes into ``path``; the seconds it took."""
+    shapes, on :func:`beam_mt.model_of` ``size``, into ``path``; the seconds it took."""
     from torch._inductor import aoti_compile_and_package
 
-    model, src, src_mask = model_and_sources()
+    model, src, src_mask = model_and_sources(size)
     first_step(model, src, src_mask, packed=False)
     rows = src.shape[0] * BEAM
     t0 = time.perf_counter()
@@ -136,11 +138,11 @@ def build(path: str, with_choice: bool = False) -> float:
 
 
 @torch.no_grad()
-def worker(impl: str, reps: int) -> dict:
+def worker(impl: str, reps: int, size: str) -> dict:
     if impl in ("qkv", "ct2"):  # whole searches, as bench/beam_mt.py times them
-        times = time_steps(searches(impl, "small"), reps, warmup=1)
+        times = time_steps(searches(impl, size), reps, warmup=1)
         return {"impl": impl, "ms_per_step": 1000 * statistics.median(times) / (NEW + 1)}
-    model, src, src_mask = model_and_sources()
+    model, src, src_mask = model_and_sources(size)
     rows = src.shape[0] * BEAM
     tokens = torch.full((rows, 1), 5)
     scores = torch.randn(src.shape[0], BEAM, generator=torch.Generator().manual_seed(0))  # (N, K)
@@ -174,16 +176,18 @@ def main() -> None:
     def extra(ap) -> None:
         ap.add_argument("--with-choice", action="store_true",
                         help="also the step with the log-softmax and the choice of continuations, exported together")
-    args = decoding_bench_args(__doc__, "bench/results/beam_step_aot.json", 3, lambda a: worker(a.worker, a.reps),
+        ap.add_argument("--size", choices=SIZES, default="small")
+    args = decoding_bench_args(__doc__, "bench/results/beam_step_aot.json", 3,
+                               lambda a: worker(a.worker, a.reps, a.size),
                                "timed searches (or runs of 30 steps) per process", extra)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[PACKAGE_ENV] = os.path.join(tmp, "beam_step.pt2")
-        build_s = build(os.environ[PACKAGE_ENV])
+        build_s = build(os.environ[PACKAGE_ENV], args.size)
         impls = ["qkv", "ct2", "step-eager", "step-aot"]
         if args.with_choice:
-            build_s = [build_s, build(choice_package(os.environ[PACKAGE_ENV]), with_choice=True)]
+            build_s = [build_s, build(choice_package(os.environ[PACKAGE_ENV]), args.size, with_choice=True)]
             impls += ["choice-eager", "choice-aot"]
-        runs = run_alternating(__file__, impls, args.repeats, ["--reps", str(args.reps)])
+        runs = run_alternating(__file__, impls, args.repeats, ["--reps", str(args.reps), "--size", args.size])
     summary = {impl: median_of(rs, "ms_per_step") for impl, rs in runs.items()}
     # The search with the exported step in place of the eager one: the rest of the search as measured.
     summary["projected_search_with_aot_step"] = summary["qkv"] - summary["step-eager"] + summary["step-aot"]
@@ -195,7 +199,7 @@ def main() -> None:
         summary["ratio_projected_choice_over_ct2"] = summary["ct2"] / summary["projected_search_with_aot_choice"]
     write_result(args.out, {"benchmark": "beam search's decoder step exported and built ahead of time (timing "
                                          "only), beside the eager step and whole searches, ms a step",
-                            "build_s": build_s, "summary": summary, "runs": runs})
+                            "size": args.size, "build_s": build_s, "summary": summary, "runs": runs})
 
 
 if __name__ == "__main__":

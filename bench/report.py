@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def _ratios(r: dict) -> list[str]:
 
 
 def beam_mt(r: dict) -> str:
-    rows = ["| | sentences/s (median) |", "|---|---:|"]
+    rows = ["| | sentences/s (median) | ms a search (median) |", "|---|---:|---:|"]
     for impl, v in r["summary"].items():
-        rows.append(f"| {impl} | {v['sentences_per_s_median']:.1f} |")
+        seconds = [run["seconds"] for run in r.get("runs", {}).get(impl, []) if "seconds" in run]
+        ms = f"{1000 * statistics.median(seconds):.1f}" if seconds else ""
+        rows.append(f"| {impl} | {v['sentences_per_s_median']:.1f} | {ms} |")
     size = next(iter(r["size"].items()), None) if "size" in r else None
     dims = [f"Size {size[0]}: {size[1]}.", ""] if size else []
     return "\n".join([_header(r), "", *dims, *rows, "", *_ratios(r)])
@@ -110,8 +113,7 @@ def quality_mt(r: dict) -> str:
     return "\n".join([_header(r), "", *rows])
 
 
-RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "beam_mt": beam_mt,
-          "beam_mt_base": beam_mt, "beam_mt_2threads": beam_mt, "generate_gpt": generate_gpt,
+RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_mt, "generate_gpt": generate_gpt,
           "generate_gpt_2threads": generate_gpt, "gemv": gemv, "int8_quality": int8_quality,
           "step_profile": step_profile}
 
@@ -119,7 +121,8 @@ RENDER = {"train_gpt": train_gpt, "train_mt": train_mt, "train_mt_nopad": train_
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
     for path in sorted(folder.glob("*.json")):
-        render = RENDER.get(path.stem) or (quality_mt if path.stem.startswith("quality_") else None)
+        render = RENDER.get(path.stem) or (quality_mt if path.stem.startswith("quality_") else
+                                           beam_mt if path.stem.startswith("beam_mt") else None)
         if render:
             print(f"### {path.stem}\n\n{render(json.loads(path.read_text()))}\n")
 

@@ -371,13 +371,14 @@ def _finished_hypotheses(log: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Te
     """
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     for t, ends, scores, beams, sentences, tokens in log:
-        if not bool(ends.any()):
+        i, j = ends.nonzero().unbind(1)  # (E,) each: the sentence and the place of each ended hypothesis
+        if not i.numel():
             continue
         lp = length_penalty(t + 1, alpha)
-        for i, j in ends.nonzero().tolist():
-            logprob = float(scores[i, j])
-            row = tokens[i * k + int(beams[i, j]), 1:]
-            finished[int(sentences[i])].append(Hypothesis(row.tolist(), logprob / lp, logprob))
+        # Read back once per step, not once per hypothesis (a search ends hundreds of them).
+        rows = tokens[i * k + beams[i, j], 1:].tolist()  # (E, t) the ended hypotheses' tokens
+        for sentence, row, logprob in zip(sentences[i].tolist(), rows, scores[i, j].tolist()):
+            finished[sentence].append(Hypothesis(row, logprob / lp, logprob))
     return finished
 
 
