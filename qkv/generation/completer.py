@@ -55,8 +55,11 @@ class Completer:
 
     def package(self, rows: int = 1) -> Path | None:
         """The package of this model's step for ``rows`` prompts compiled ahead of time
-        (qkv.generation.precompiled), if one was built on this machine for these weights; looked for once."""
-        if rows not in self._packages:
+        (qkv.generation.precompiled), if one was built on this machine for these weights; looked for once
+        (finding one reads every weight), and again if the one found is gone (pruned by another process's
+        build, or the user cache cleared): a long-lived Completer then decodes eagerly."""
+        found = self._packages.get(rows)
+        if rows not in self._packages or (found is not None and not found.is_file()):
             self._packages[rows] = find(self.model, rows)
         return self._packages[rows]
 

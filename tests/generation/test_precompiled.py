@@ -53,6 +53,12 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert later.complete(long, max_new_tokens=n, temperature=0, sliding_window=True) == eager.complete(
         long, max_new_tokens=n, temperature=0, sliding_window=True)
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))  # put back
+    # The package gone while a Completer holds its path (pruned by another process's build, or the cache
+    # cleared): the next generation decodes eagerly, to the same tokens, instead of failing.
+    built = path.read_bytes()
+    path.unlink()
+    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected and not later.loads(n)
+    path.write_bytes(built)
 
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1e-3  # one weight changed: the package is another model's
