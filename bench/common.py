@@ -78,8 +78,9 @@ class NumberedVocabulary:
 
 
 def ctranslate2_folder(model, quantization: str | None = None) -> str:
-    """``model`` (a qkv Transformer or GPT) written as a CTranslate2 folder the way ``qkv export ctranslate2`` does,
-    in a temporary folder removed when the process exits (hundreds of MB at the base size, and every worker writes one)."""
+    """``model`` (a qkv Transformer or GPT) written as a CTranslate2 folder the way ``qkv export ctranslate2``
+    does, in a temporary folder removed when the process exits (hundreds of MB at the base size, and every
+    worker writes one)."""
     import tempfile
 
     from qkv.models.ctranslate2 import to_ctranslate2

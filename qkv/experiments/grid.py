@@ -184,5 +184,5 @@ def time_left(results: dict[str, dict[str, Any]], variants: Sequence[Variant], j
     return statistics.fmean(here) * left / jobs, len(here)
 
 
-__all__ = ["SIDE_BY_SIDE", "Variant", "GridError", "run_grid", "check_results", "time_left", "read_results", "result_path", "claim",
-           "spread"]
+__all__ = ["SIDE_BY_SIDE", "Variant", "GridError", "run_grid", "check_results", "time_left", "read_results",
+           "result_path", "claim", "spread"]
