@@ -154,3 +154,4 @@ def test_shipped_recipes_load_by_name():
     assert load_lm_recipe("shakespeare_char").model.n_layers == 6
     for name in recipe_names("lm"):
         assert f"qkv train lm --recipe {name}" in recipe_file("lm", name).read_text(encoding="utf-8")
+        assert load_lm_recipe(name).train.steps > 0  # every shipped recipe reads, with its checks
