@@ -4,9 +4,9 @@ the poems it writes beside the real ones'.
     python bench/poem_form.py --run runs/tang [--poems 100] [--out bench/results/tang_poems.json]
 
 - Loss, nats a character on the run's own validation split (the last 10% of the corpus's tokens): the run's
-  final full pass (its ``valid_full`` line in metrics.jsonl) beside a unigram and an interpolated bigram model counted on its training split
-  (add-one unigram; the bigram's weight is the best of 0.5-0.9 on the validation split itself, which flatters
-  the bigram, not the GPT).
+  final full pass (its ``valid_full`` line in metrics.jsonl) beside a unigram and an interpolated bigram
+  model counted on its training split (add-one unigram; the bigram's weight is the best of 0.5-0.9 on the
+  validation split itself, which flatters the bigram, not the GPT).
 - Form: a regular line of a Tang poem is two halves of 5 or 7 characters, "，" between and "。" after (五言 and
   七言). The model writes ``--poems`` whole poems, each from a blank line (where a poem starts in the corpus),
   title and poet included (temperature 0.8, top-k 40, seeded, until a blank line or 150 characters); the share
@@ -31,12 +31,13 @@ from common import write_result  # noqa: E402
 REGULAR = re.compile(r"^(?:[^，。]{5}，[^，。]{5}|[^，。]{7}，[^，。]{7})。$")  # two halves of one length
 
 
-def ngram_losses(run: Path, valid_fraction: float) -> dict:
+def ngram_losses(run: Path, vocab_size: int, valid_fraction: float) -> dict:
     """Nats a token of the validation split under a unigram and an interpolated bigram counted on the training split."""
-    meta = json.loads((run / "tokens.bin.json").read_text(encoding="utf-8"))
-    tokens = np.fromfile(run / "tokens.bin", dtype=meta["dtype"]).astype(np.int64)
-    v, n = meta["vocab_size"], int(len(tokens) * (1.0 - valid_fraction))  # split as qkv.data.lm.split_by_position
-    train, valid = tokens[:n], tokens[n:]
+    from qkv.data.lm import load_tokens, split_by_position
+
+    train, valid = (np.asarray(part, dtype=np.int64) for part in
+                    split_by_position(load_tokens(run / "tokens.bin"), valid_fraction))  # as the trainer splits
+    v = vocab_size
     unigram = np.bincount(train, minlength=v).astype(np.float64) + 1.0
     unigram /= unigram.sum()
     pairs = np.bincount(train[:-1] * v + train[1:], minlength=v * v).reshape(v, v).astype(np.float32)  # (V, V)
@@ -98,7 +99,7 @@ def main() -> None:
     write_result(args.out, {
         "benchmark": "a GPT on the Tang poems: validation loss beside n-gram baselines, and the form of its poems",
         "run": str(run), "steps": final["step"], "train_seconds": final["train_seconds"],
-        "loss": {"gpt_full_pass": final["loss"], **ngram_losses(run, valid_fraction)},
+        "loss": {"gpt_full_pass": final["loss"], **ngram_losses(run, config["model"]["vocab_size"], valid_fraction)},
         "poems_written": args.poems, "poems_real": {k: len(v) for k, v in real.items()},
         "form": {name: {"regular": share(forms, "regular"), "even": share(forms, "even")}
                  for name, forms in (("model", written), ("train", real["train"]), ("valid", real["valid"]))},

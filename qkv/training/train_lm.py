@@ -173,14 +173,15 @@ def train_lm(
     # The main rank writes the run directory while any others wait; then every rank reads it.
     def prepare() -> None:
         with Run(run_dir).starting(resume, overwrite):
+            text = read_corpus(recipe.data)  # once: the tokenizer is built on it and the corpus tokenized
             if not resume:
                 tokenizer = Run(init_from).tokenizer() if init_from else build_tokenizer(
-                    recipe.data, [read_corpus(recipe.data)] + vocabulary_texts(recipe.data))
+                    recipe.data, [text] + vocabulary_texts(recipe.data))
                 tokenizer.save(run_dir)
             tokenizer = load_tokenizer(run_dir)
             save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)),
                       run_dir / CONFIG_FILE)
-            tokenize_to_file(read_corpus(recipe.data), tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
+            tokenize_to_file(text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
 
     ranks.main_first(prepare)
     tokenizer = load_tokenizer(run_dir)
