@@ -3,7 +3,7 @@ the poems it writes beside the real ones'.
 
     python bench/poem_form.py --run runs/tang [--poems 100] [--out bench/results/tang_poems.json]
 
-- Loss, nats a character on the run's own validation split (the last 10% of the corpus's tokens): the run's
+- Loss, nats a character on the run's own validation split (every tenth poem, ``data.split=documents``): the run's
   final full pass (its ``valid_full`` line in metrics.jsonl) beside a unigram and an interpolated bigram
   model counted on its training split (add-one unigram; the bigram's weight is the best of 0.5-0.9 on the
   validation split itself, which flatters the bigram, not the GPT).
@@ -11,8 +11,8 @@ the poems it writes beside the real ones'.
   七言). The model writes ``--poems`` whole poems, each from a blank line (where a poem starts in the corpus),
   title and poet included (temperature 0.8, top-k 40, seeded, until a blank line or 150 characters); the share
   of bodies whose every line is regular, and whose lines all have one length, is counted beside the same
-  shares of the training split's poems and of the validation split's. (The corpus ends with its supplements,
-  gathas, fu and fragments, so the last 10% that is the validation split is mostly irregular.)
+  shares of the training split's poems and of the validation split's. (A run split by position validates on
+  the corpus's last 10%: its supplements, gathas, fu and fragments, mostly irregular.)
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ REGULAR = re.compile(r"^(?:[^，。]{5}，[^，。]{5}|[^，。]{7}，[^，。]{
 
 def ngram_losses(run: Path, vocab_size: int, valid_fraction: float) -> dict:
     """Nats a token of the validation split under a unigram and an interpolated bigram counted on the training split."""
-    from qkv.data.lm import load_tokens, split_by_position
+    from qkv.data.lm import load_splits
 
     train, valid = (np.asarray(part, dtype=np.int64) for part in
-                    split_by_position(load_tokens(run / "tokens.bin"), valid_fraction))  # as the trainer splits
+                    load_splits(run / "tokens.bin", valid_fraction))  # as the trainer splits
     v = vocab_size
     unigram = np.bincount(train, minlength=v).astype(np.float64) + 1.0
     unigram /= unigram.sum()
@@ -67,15 +67,18 @@ def main() -> None:
     import torch
 
     from qkv.data.corpora import read_text
+    from qkv.data.lm import split_text
     from qkv.generation.completer import Completer
     from qkv.training.logging import read_metrics
 
     torch.set_num_threads(1)
     run = Path(args.run)
     config = json.loads((run / "config.json").read_text(encoding="utf-8"))
-    valid_fraction = config["data"]["valid_fraction"]
-    text = read_text(config["data"]["corpus"])
-    cut = int(len(text) * (1.0 - valid_fraction))  # a character is a token here: the tokens' split falls here
+    valid_fraction, split = config["data"]["valid_fraction"], config["data"].get("split", "position")
+    train_text, valid_text = split_text(read_text(config["data"]["corpus"]), split, valid_fraction)
+    if valid_text is None:  # by position; a character is a token here, so the tokens' split falls here
+        cut = int(len(train_text) * (1.0 - valid_fraction))
+        train_text, valid_text = train_text[:cut], train_text[cut:].split("\n\n", 1)[1]  # less the poem cut in two
 
     def poems_of(part: str) -> list[list[str]]:
         return [p.split("\n") for p in part.split("\n\n") if p.count("\n") >= 2]  # title, poet, body lines
@@ -89,8 +92,8 @@ def main() -> None:
         written.append(form(lines[2:]))
         if i < 8:
             samples.append(out.strip("\n"))
-    real = {"train": [form(body) for _, _, *body in poems_of(text[:cut])],
-            "valid": [form(body) for _, _, *body in poems_of(text[cut:])[1:]]}  # the first is cut by the split
+    real = {"train": [form(body) for _, _, *body in poems_of(train_text)],
+            "valid": [form(body) for _, _, *body in poems_of(valid_text)]}
     final = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "valid_full"][-1]
 
     def share(forms: list[dict], key: str) -> float:

@@ -23,7 +23,7 @@ from qkv.training.distributed import add_launcher
 from qkv.config import (
     COMPILE_AFTER, PRECOMPILED_AFTER, ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names,
 )
-from qkv.data.lm import load_tokens, split_by_position
+from qkv.data.lm import load_splits
 from qkv.data.sft import load_pairs
 from qkv.evaluation.perplexity import evaluate_tokens
 from qkv.generation.completer import Completer
@@ -103,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev = command_group(subparsers, "eval", "evaluate a model (lm: loss and perplexity)")
     p = ev.add_parser("lm", help="loss and perplexity of a GPT run on its validation split or a text file")
     p.add_argument("--run", "--run-dir", required=True)
-    p.add_argument("--split", default="valid", choices=["valid", "train"], help="split of the run's corpus")
+    p.add_argument("--split", default="valid", choices=["valid", "train"],
+                   help="split of the run's corpus (cut as the run cut it: data.split)")
     p.add_argument("--text", help="score this UTF-8 text file instead")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--max-windows", type=positive_int, default=None, help="score only the first N context windows")
@@ -285,7 +286,7 @@ def _eval_lm(args: argparse.Namespace) -> int:
         path = run.tokens_path  # a fine-tuned run: its base run's corpus
         if path is None:
             raise FileNotFoundError(f"{run.path}: no tokenized corpus in the run (nor in a base run); pass --text FILE")
-        train, valid = split_by_position(load_tokens(path), recipe.data.valid_fraction)
+        train, valid = load_splits(path, recipe.data.valid_fraction)
         tokens = valid if args.split == "valid" else train
         what = f"{recipe.data.path or recipe.data.corpus} ({args.split})"
     out = evaluate_tokens(model, tokens, recipe.context, args.batch_size, args.max_windows)

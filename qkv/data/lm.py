@@ -4,8 +4,16 @@ A GPT is trained on raw text by next-token prediction (Radford et al., 2018): an
 consecutive tokens gives ``context`` training examples at once (input ``w[:-1]``, target ``w[1:]``).
 As in nanoGPT, the text is tokenized once and stored as a flat array of uint16 ids (uint32 when the
 vocabulary has more than 65,536 entries), read through ``np.memmap`` so that a corpus larger than memory
-costs nothing to open. The split is by position: the first 90% of the tokens train, the last 10%
-validate, so validation text is never seen in training (no window crosses the boundary).
+costs nothing to open. Validation text is never seen in training: no window crosses the boundary
+between the splits, which is cut one of two ways (``data.split``):
+
+- ``position`` (the default, as nanoGPT): the first 90% of the tokens train, the last 10% validate. Right
+  for one long text, such as Shakespeare's plays.
+- ``documents``: for a corpus of many short texts, one per paragraph (poems, articles), whose order
+  means something. The last 10% of the Tang poems is the collection's supplements (gathas, fu,
+  fragments), unlike the poems before them; every tenth document, spread over the whole corpus,
+  validates instead. The held-out documents are tokenized after the others, so the split is again a position,
+  recorded in the sidecar.
 
 The array file carries a JSON sidecar with a fingerprint of the text and of the tokenizer: a changed
 corpus or tokenizer is re-tokenized, never silently reused.
@@ -15,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkv.config import ConfigError
 from qkv.io import as_os_error, atomic_paths
 
 TOKENS_FILE = "tokens.bin"
 _META_SUFFIX = ".json"
+SPLITS = ("position", "documents")  # how a corpus is cut into training and validation text
+_BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")  # what separates documents: a blank line, or several
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -35,31 +48,76 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def fingerprint(text: str, tokenizer_id: str) -> str:
-    """sha256 over the text and a string naming the tokenizer (its saved JSON), to key the token cache."""
+def fingerprint(text: str, tokenizer_id: str, valid_text: str | None = None) -> str:
+    """sha256 over the text, a string naming the tokenizer (its saved JSON) and the held-out documents if
+    any, to key the token cache."""
     h = hashlib.sha256()
     h.update(tokenizer_id.encode("utf-8"))
     h.update(b"\0")
     h.update(text.encode("utf-8"))
+    if valid_text is not None:
+        h.update(b"\0valid\0")
+        h.update(valid_text.encode("utf-8"))
     return h.hexdigest()
 
 
-def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: str = "") -> np.memmap:
+def check_split(split: str, valid_fraction: float) -> None:
+    """``split`` must be one of :data:`SPLITS` and ``valid_fraction`` in (0, 1)."""
+    if split not in SPLITS:
+        raise ConfigError(f"data.split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not 0.0 < valid_fraction < 1.0:
+        raise ConfigError(f"data.valid_fraction must be in (0, 1), got {valid_fraction}")
+
+
+def split_documents(text: str, valid_fraction: float = 0.1) -> tuple[str, str]:
+    """The training and validation text of a corpus of documents separated by blank lines.
+
+    Document i validates where ``(i + 1) * valid_fraction`` passes a whole number: with 0.1, documents
+    9, 19, 29... (every tenth, from all over the corpus), ``floor(n * valid_fraction)`` of the n. Each
+    part is its documents in their order, each ending with one blank line, as a document ends in the
+    corpus.
+
+    Raises:
+        ValueError: if that holds out no document, or all of them.
+    """
+    check_split("documents", valid_fraction)
+    docs = [d for d in _BLANK_LINES.split(text.strip("\n")) if d.strip()]
+    held_out = [math.floor((i + 1) * valid_fraction + 1e-9) > math.floor(i * valid_fraction + 1e-9)
+                for i in range(len(docs))]
+    if not any(held_out) or all(held_out):
+        raise ValueError(f"data.split=documents: the corpus has {len(docs)} document(s) (paragraphs separated by a "
+                         f"blank line), too few to hold out a fraction {valid_fraction} of them; use data.split=position")
+    train = "".join(d + "\n\n" for d, out in zip(docs, held_out) if not out)
+    valid = "".join(d + "\n\n" for d, out in zip(docs, held_out) if out)
+    return train, valid
+
+
+def split_text(text: str, split: str = "position", valid_fraction: float = 0.1) -> tuple[str, str | None]:
+    """A corpus's training text and held-out documents, for ``data.split``: by position the whole text and
+    None (its tokens are cut later, :func:`split_by_position`), by document :func:`split_documents`."""
+    check_split(split, valid_fraction)
+    return split_documents(text, valid_fraction) if split == "documents" else (text, None)
+
+
+def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: str = "",
+                     valid_text: str | None = None) -> np.memmap:
     """Encode ``text`` once and write the ids to ``path`` (plus ``path.json``); reuse it if it matches.
 
     Args:
-        text: The whole corpus.
+        text: The whole corpus, or its training documents when ``valid_text`` is given.
         tokenizer: Anything with ``encode(text) -> list[int]`` and ``vocab_size``.
         path: The array file (``RUN/tokens.bin``); written atomically (temp file, then rename).
         tokenizer_id: A string that changes when the tokenizer does (e.g. its ``tokenizer.json``); with
             the text it forms the fingerprint that decides whether an existing file can be reused.
+        valid_text: The held-out documents (:func:`split_documents`): encoded on their own and written
+            after ``text``'s ids, where the sidecar's ``valid_start`` says the validation split begins.
 
     Returns:
         The ids, memory-mapped read-only, shape (N,).
     """
     path = Path(path)
     meta_path = path.with_suffix(path.suffix + _META_SUFFIX)
-    key = fingerprint(text, tokenizer_id)
+    key = fingerprint(text, tokenizer_id, valid_text)
     dtype = token_dtype(tokenizer.vocab_size)
     if path.is_file() and meta_path.is_file():
         try:
@@ -69,11 +127,15 @@ def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: 
         if meta.get("fingerprint") == key and meta.get("dtype") == dtype.name:
             return load_tokens(path)
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+    meta = {"fingerprint": key, "dtype": dtype.name}
+    if valid_text is not None:  # encoded apart, so that no token spans the two splits
+        meta["valid_start"] = int(ids.size)
+        ids = np.concatenate([ids, np.asarray(tokenizer.encode(valid_text), dtype=np.int64)])
     if ids.size < 2:
         raise ValueError(f"{path}: the corpus has {ids.size} tokens; a language model needs at least 2")
     if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
         raise ValueError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
-    meta = {"fingerprint": key, "dtype": dtype.name, "length": int(ids.size), "vocab_size": tokenizer.vocab_size}
+    meta.update(length=int(ids.size), vocab_size=tokenizer.vocab_size)
     # The tokens and their fingerprint, as a set: a kill leaves both old or both new.
     with atomic_paths(path, meta_path) as (tmp_ids, tmp_meta), as_os_error(tmp_ids):
         ids.astype(dtype).tofile(tmp_ids)
@@ -83,6 +145,11 @@ def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: 
 
 def load_tokens(path: str | Path) -> np.memmap:
     """Open a token file written by :func:`tokenize_to_file`, read-only and memory-mapped."""
+    return _open(path)[0]
+
+
+def _open(path: str | Path) -> tuple[np.memmap, dict]:
+    """A token file, memory-mapped read-only, and its sidecar."""
     path = Path(path)
     meta_path = path.with_suffix(path.suffix + _META_SUFFIX)
     if not path.is_file() or not meta_path.is_file():
@@ -91,15 +158,22 @@ def load_tokens(path: str | Path) -> np.memmap:
     arr = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
     if arr.shape[0] != meta["length"]:
         raise ValueError(f"{path}: holds {arr.shape[0]} tokens, {meta_path.name} says {meta['length']} (truncated?)")
-    return arr
+    return arr, meta
 
 
 def split_by_position(tokens: np.ndarray, valid_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """The first ``1 - valid_fraction`` of the tokens for training, the rest for validation (views, no copy)."""
-    if not 0.0 < valid_fraction < 1.0:
-        raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+    check_split("position", valid_fraction)
     n = int(len(tokens) * (1.0 - valid_fraction))
     return tokens[:n], tokens[n:]
+
+
+def load_splits(path: str | Path, valid_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """The training and validation tokens of a token file: cut where its sidecar says the held-out documents
+    begin (``data.split=documents``), else by position."""
+    tokens, meta = _open(path)
+    start = meta.get("valid_start")
+    return split_by_position(tokens, valid_fraction) if start is None else (tokens[:start], tokens[start:])
 
 
 def windows_at(tokens: np.ndarray, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +210,14 @@ class LMData:
 
     @classmethod
     def from_tokens(cls, tokens: np.ndarray, valid_fraction: float = 0.1, seed: int = 0) -> LMData:
+        """Split by position."""
         train, valid = split_by_position(tokens, valid_fraction)
+        return cls(train, valid, seed)
+
+    @classmethod
+    def from_file(cls, path: str | Path, valid_fraction: float = 0.1, seed: int = 0) -> LMData:
+        """A token file, split as it was written (:func:`load_splits`)."""
+        train, valid = load_splits(path, valid_fraction)
         return cls(train, valid, seed)
 
     def split(self, name: str) -> np.ndarray:

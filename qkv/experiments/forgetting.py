@@ -109,7 +109,7 @@ def score(run: Path, base: Path) -> dict[str, float]:
     context = recipe.context
     valid = encode_pairs(load_pairs(TASK_VALID), tokenizer, context)
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-    shakespeare = pretraining_data(Run(base), FinetuneConfig(), tokenizer, recipe.data.valid_fraction)
+    shakespeare = pretraining_data(Run(base), FinetuneConfig(), tokenizer, recipe.data)
     return {"exact_match": 100.0 * sum(h == r for h, r in zip(hyps, refs)) / len(refs),
             "bleu": corpus_bleu(hyps, refs), "task_loss": evaluate_task(model, valid, pad)["loss"],
             "pretrain_loss": evaluate_tokens(model, shakespeare.valid, context, 32)["loss"],

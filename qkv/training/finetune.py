@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.corpora import list_corpora, read_text
-from qkv.data.lm import TOKENS_FILE, LMData, load_tokens, token_dtype
+from qkv.data.lm import TOKENS_FILE, LMData, split_text, token_dtype
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import (
@@ -49,7 +49,7 @@ from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, require_arch
 from qkv.parallel import SINGLE, Ranks
 from qkv.training.distributed import synced
-from qkv.training.lm_run import load_run_recipe
+from qkv.training.lm_run import LMDataConfig, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
     Cadence, LoopConfig, LoopState, check_adam, compiled, export, resume_state, save_state, start, update,
@@ -244,21 +244,27 @@ def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int,
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
 
 
-def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, valid_fraction: float) -> LMData | None:
+def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, data: LMDataConfig) -> LMData | None:
     """The pretraining text for the mixed loss and for measuring forgetting (``cfg.pretrain_text``, else
-    the base run's tokens.bin), split as the base run split its corpus; None if there is none."""
+    the base run's tokens.bin), split as the base run's recipe (``data``) splits its corpus; None if there is
+    none."""
     if cfg.pretrain_text:
         path = Path(cfg.pretrain_text)
         if not path.is_file() and cfg.pretrain_text not in {c.name for c in list_corpora()}:
             raise DataError(f"train.pretrain_text={cfg.pretrain_text!r} is neither a file nor a registered corpus "
                             "(qkv data list)")
         text = read_text_file(path) if path.is_file() else read_text(cfg.pretrain_text)
-        tokens = np.asarray(tokenizer.encode(text), dtype=token_dtype(tokenizer.vocab_size))
-    elif base.tokens_path is not None:
-        tokens = load_tokens(base.tokens_path)
-    else:
-        return None
-    return LMData.from_tokens(tokens, valid_fraction, seed=cfg.seed + 1)
+        train_text, valid_text = split_text(text, data.split, data.valid_fraction)
+
+        def encode(part: str) -> np.ndarray:
+            return np.asarray(tokenizer.encode(part), dtype=token_dtype(tokenizer.vocab_size))
+
+        if valid_text is None:
+            return LMData.from_tokens(encode(text), data.valid_fraction, seed=cfg.seed + 1)
+        return LMData(encode(train_text), encode(valid_text), seed=cfg.seed + 1)
+    if base.tokens_path is not None:
+        return LMData.from_file(base.tokens_path, data.valid_fraction, seed=cfg.seed + 1)
+    return None
 
 
 def finetune(
@@ -314,7 +320,7 @@ def finetune(
 
     # The pretraining text, for the mixed loss and for measuring forgetting: read before anything is
     # written, so that a run asked to mix with nothing to mix leaves no directory behind.
-    pretrain = pretraining_data(base, cfg, tokenizer, recipe.data.valid_fraction)
+    pretrain = pretraining_data(base, cfg, tokenizer, recipe.data)
     if pretrain is None and (cfg.mix > 0 or cfg.kl > 0):
         cure = f"train.mix={cfg.mix:g}" if cfg.mix > 0 else f"train.kl={cfg.kl:g}"
         raise ConfigError(f"{cure} needs pretraining text, and {base_run} has no {TOKENS_FILE} "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
+from qkv.data.lm import check_split
 from qkv.io import require
 from qkv.training.loop import LoopConfig, check_adam
 from qkv.models.convert import gpt_from_hf
@@ -41,7 +42,10 @@ class LMDataConfig:
         vocab_extra: More text the vocabulary must cover without training on it, e.g. the fine-tuning
             corpus: registered corpus names, ``NAME:SPLIT`` for both sides of a parallel corpus, or
             paths of text files.
-        valid_fraction: The last this fraction of the tokens is the validation split.
+        valid_fraction: This fraction of the corpus validates.
+        split: How: ``"position"``, the last ``valid_fraction`` of the tokens (one long text, as
+            nanoGPT splits Shakespeare), or ``"documents"``, every ``1 / valid_fraction``-th paragraph
+            (a corpus of many short texts in an order that means something; see :mod:`qkv.data.lm`).
         start: Text an empty prompt starts from (nanoGPT samples from a newline).
     """
 
@@ -52,11 +56,13 @@ class LMDataConfig:
     vocab_size: int = 0
     vocab_extra: list[str] = field(default_factory=list)
     valid_fraction: float = 0.1
+    split: str = "position"
     start: str = "\n"
 
     def __post_init__(self) -> None:
         if self.tokenizer not in ("char", "bytelevel", "gpt2"):
             raise ConfigError(f"data.tokenizer must be 'char', 'bytelevel' or 'gpt2', got {self.tokenizer!r}")
+        check_split(self.split, self.valid_fraction)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
     qkv train lm --run runs/baby --resume            # continue exactly where the last checkpoint was
 
 The steps, in order: build (or reload) the tokenizer; tokenize the corpus once into a memory-mapped
-array and split it by position (first 90% train, last 10% valid); build the GPT and AdamW (weight decay
+array, split into training and validation tokens (by position: the first 90% train, the last 10%
+validate; or by document, ``data.split=documents``); build the GPT and AdamW (weight decay
 on matrices only); then for each step: set the cosine learning rate, accumulate gradients over
 micro-batches of random windows, clip the gradient norm, update. Every ``eval_every`` steps the
 train and valid losses are estimated, the best weights kept and a checkpoint written; everything
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from qkv.config import ConfigError, load_recipe, save_json
 from qkv.data.corpora import get_corpus, read_parallel, read_text
-from qkv.data.lm import TOKENS_FILE, LMData, load_tokens, tokenize_to_file
+from qkv.data.lm import TOKENS_FILE, LMData, split_text, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import DataError, autocast, read_text_file, to_device
 from qkv.models.gpt import GPT
@@ -181,12 +182,13 @@ def train_lm(
             tokenizer = load_tokenizer(run_dir)
             save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)),
                       run_dir / CONFIG_FILE)
-            tokenize_to_file(text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir))
+            train_text, valid_text = split_text(text, recipe.data.split, recipe.data.valid_fraction)
+            tokenize_to_file(train_text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir), valid_text)
 
     ranks.main_first(prepare)
     tokenizer = load_tokenizer(run_dir)
     recipe = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
-    data = LMData.from_tokens(load_tokens(run_dir / TOKENS_FILE), recipe.data.valid_fraction, seed=tc.seed)
+    data = LMData.from_file(run_dir / TOKENS_FILE, recipe.data.valid_fraction, seed=tc.seed)
     data.check_context(context)
 
     # 3. Model and optimizer. The seed (set by start) fixes the initial weights and the dropout masks.
@@ -208,8 +210,8 @@ def train_lm(
     if not quiet:
         n_params = sum(p.numel() for p in model.parameters())
         progress.write(f"run {run_dir}: {n_params / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
-                       f"{len(data.train):,} train / {len(data.valid):,} valid tokens, context {context}, "
-                       f"device {device}{' bf16' if amp else ' fp32'}"
+                       f"{len(data.train):,} train / {len(data.valid):,} valid tokens (by {recipe.data.split}), "
+                       f"context {context}, device {device}{' bf16' if amp else ' fp32'}"
                        + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
                        + (f", resuming at step {state.step}" if resume else ""))
     result = TrainResult(run_dir, state.step, best_valid=state.best)

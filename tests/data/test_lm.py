@@ -1,4 +1,5 @@
-"""LM data: tokenize once into a memory-mapped array, split by position, random windows that resume exactly."""
+"""LM data: tokenize once into a memory-mapped array, split by position or by document, random windows that
+resume exactly."""
 
 import json
 
@@ -6,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.data.lm import LMData, load_tokens, split_by_position, token_dtype, tokenize_to_file
+from qkv.config import ConfigError
+from qkv.data.lm import (LMData, load_splits, load_tokens, split_by_position, split_documents, split_text, token_dtype,
+                         tokenize_to_file)
 from qkv.tokenizers.char import CharTokenizer
+from qkv.training.lm_run import LMDataConfig
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20
 
@@ -87,3 +91,49 @@ def test_a_split_shorter_than_the_context_is_a_clear_error():
     data = LMData.from_tokens(np.arange(100), 0.1)
     with pytest.raises(ValueError, match="valid split has 10 tokens"):
         data.check_context(16)
+
+
+def _poems(numbers) -> str:
+    return "".join(f"poem {i}\nits line {i}\n\n" for i in numbers)
+
+
+def test_every_tenth_document_is_held_out_whole():
+    train, valid = split_documents(_poems(range(30)), 0.1)
+    assert valid == _poems([9, 19, 29])  # spread over the corpus, not its end
+    assert train == _poems(i for i in range(30) if i % 10 != 9)
+    assert split_documents(_poems(range(30)), 0.25)[1] == _poems([3, 7, 11, 15, 19, 23, 27])  # floor(30 / 4)
+
+
+def test_documents_are_cut_at_any_blank_line_and_end_with_one():
+    train, valid = split_documents("a\nb\n\n\n\nc\n \t\nd\n\ne", 0.5)  # runs of blank lines, blanks in them, no end
+    assert (train, valid) == ("a\nb\n\nd\n\n", "c\n\ne\n\n")
+
+
+def test_too_few_documents_to_hold_any_out_is_a_clear_error():
+    with pytest.raises(ValueError, match="2 document.*data.split=position"):
+        split_documents("one poem\n\nanother\n", 0.1)
+
+
+def test_held_out_documents_are_tokenized_after_the_rest_and_split_where_they_start(tmp_path):
+    text = _poems(range(30))
+    tok = CharTokenizer.train(text)
+    path = tmp_path / "tokens.bin"
+    train_text, valid_text = split_text(text, "documents", 0.1)
+    tokenize_to_file(train_text, tok, path, "char-v1", valid_text)
+    assert json.loads((tmp_path / "tokens.bin.json").read_text())["valid_start"] == len(train_text)
+    train, valid = load_splits(path, 0.1)
+    assert train.tolist() == tok.encode(train_text) and valid.tolist() == tok.encode(valid_text)
+    assert LMData.from_file(path, 0.1).valid.tolist() == tok.encode(valid_text)
+
+    assert split_text(text, "position", 0.1) == (text, None)  # by position: the whole text, cut as tokens
+    tokenize_to_file(text, tok, path, "char-v1")  # another split of the same text: tokenized again
+    assert "valid_start" not in json.loads((tmp_path / "tokens.bin.json").read_text())
+    train, valid = load_splits(path, 0.1)
+    assert len(train) == int(0.9 * len(text)) and train.tolist() + valid.tolist() == tok.encode(text)
+
+
+def test_a_split_that_does_not_exist_is_a_config_error():
+    with pytest.raises(ConfigError, match="data.split must be one of position, documents, got 'document'"):
+        LMDataConfig(split="document")
+    with pytest.raises(ConfigError, match="data.valid_fraction"):
+        LMDataConfig(valid_fraction=0)

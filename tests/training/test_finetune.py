@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
-from qkv.training.finetune import FinetuneConfig, finetune, finetune_loss
-from qkv.runs import load_model
+from qkv.training.finetune import FinetuneConfig, finetune, finetune_loss, pretraining_data
+from qkv.runs import Run, load_model
 from qkv.training.losses import masked_nll
 from qkv.config import from_dict
-from qkv.training.lm_run import LMRecipe
+from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.train_lm import train_lm
 
 PAIRS = [("我累了。", "I'm tired."), ("我很好。", "I'm fine."), ("他来了。", "He came."), ("你好。", "Hello.")]
@@ -35,6 +35,19 @@ def base_run(tmp_path_factory):
     })
     train_lm(recipe, root / "base", quiet=True, plot=False)
     return root / "base"
+
+
+def test_pretraining_text_is_split_as_the_base_run_splits_its_corpus(base_run, tmp_path):
+    text = "".join(f"All:\nSpeak {'a' * i}.\n\n" for i in range(20))
+    (tmp_path / "more.txt").write_text(text, encoding="utf-8")
+    base, cfg = Run(base_run), FinetuneConfig(pretrain_text=str(tmp_path / "more.txt"))
+    tokenizer = base.tokenizer()
+    by_document = pretraining_data(base, cfg, tokenizer, LMDataConfig(split="documents"))
+    assert by_document.valid.tolist() == tokenizer.encode(f"All:\nSpeak {'a' * 9}.\n\nAll:\nSpeak {'a' * 19}.\n\n")
+    by_position = pretraining_data(base, cfg, tokenizer, LMDataConfig())
+    assert by_position.valid.tolist() == tokenizer.encode(text)[int(0.9 * len(text)):]
+    own = pretraining_data(base, FinetuneConfig(), tokenizer, LMDataConfig())  # the base run's tokens.bin
+    assert own.train.tolist() + own.valid.tolist() == tokenizer.encode(TEXT)
 
 
 def test_collate_masks_exactly_the_response_targets():

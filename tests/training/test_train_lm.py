@@ -6,7 +6,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+import qkv.cli
+
 from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
+from qkv.data.lm import load_splits, split_documents
+from qkv.evaluation.perplexity import evaluate_tokens
 from qkv.runs import Run, load_model
 from qkv.training.lm_run import LMRecipe, load_run_recipe
 from qkv.training.train_lm import load_lm_recipe, train_lm
@@ -76,6 +80,21 @@ def test_the_run_directory_holds_everything_and_the_loss_falls(tmp_path):
     assert [r["step"] for r in records if r["split"] == "valid"] == [10, 20, 30]
     assert records[-1]["split"] == "valid_full" and records[-1]["loss"] == pytest.approx(result.final["loss"])
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 0.3
+
+
+def test_a_run_split_by_document_validates_on_the_held_out_documents(tmp_path, capsys):
+    recipe = tiny(tmp_path)
+    recipe = replace(recipe, data=replace(recipe.data, split="documents"))
+    train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
+    tokenizer = Run(tmp_path / "run").tokenizer()
+    train, valid = load_splits(tmp_path / "run" / "tokens.bin", 0.1)
+    held_out = split_documents(TEXT, 0.1)[1]  # documents 9 and 19 of 25 (TEXT's last runs into its first)
+    assert valid.tolist() == tokenizer.encode(held_out) and held_out.count("\n\n") == 2
+    assert len(train) + len(valid) == len(tokenizer.encode(split_documents(TEXT, 0.1)[0] + held_out))
+    assert load_run_recipe(tmp_path / "run").data.split == "documents"
+    assert qkv.cli.main(["eval", "lm", "--run", str(tmp_path / "run"), "--json"]) == 0  # scores the same split
+    held_out_loss = evaluate_tokens(load_model(tmp_path / "run")[0], valid, 16, 32)["loss"]
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(held_out_loss)
 
 
 def test_max_minutes_ends_the_run_like_its_last_step(tmp_path):
