@@ -77,6 +77,24 @@ def test_generate_reads_stdin_lines_and_writes_one_line_each(run, capsys, monkey
     assert len(lines) == 4 and lines[-1] == ""  # three inputs (one empty), three lines
 
 
+def test_the_prompt_and_stdin_lines_take_the_escapes_that_output_lines_are_written_with(run, capsys, monkeypatch):
+    from qkv.cli.lm import _escape, _unescape
+
+    for text in ("All:\nSpeak", "a backslash and an n: \\n", "\t\\\\\n", "C:\\new", ""):
+        assert _unescape(_escape(text)) == text and "\n" not in _escape(text)
+    greedy = ["-n", "12", "--temperature", "0"]
+    assert qkv.cli.main(["generate", "--run", str(run), "All:\nSpeak", *greedy]) == 0  # a real newline
+    newline = capsys.readouterr().out
+    assert qkv.cli.main(["generate", "--run", str(run), "All:\\nSpeak", *greedy]) == 0  # backslash n, as typed in ''
+    assert capsys.readouterr().out == newline
+    assert qkv.cli.main(["generate", "--run", str(run), "All:\\nSpeak", "--no-escape", *greedy]) == 0
+    assert capsys.readouterr().out.startswith("All:\\nSpeak")  # as written
+    monkeypatch.setattr("sys.stdin", io.StringIO("All:\\nSpeak\n"))
+    assert qkv.cli.main(["generate", "--run", str(run), *greedy]) == 0
+    continuation = newline.removeprefix("All:\nSpeak").removesuffix("\n")  # stdin's output is the new text only
+    assert capsys.readouterr().out == _escape(continuation) + "\n"  # the same text, as one line
+
+
 def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
     assert qkv.cli.main(["generate", "--run", str(run), "x", "--temperature", "-1"]) == 2
     assert "temperature must be a finite number >= 0" in capsys.readouterr().err

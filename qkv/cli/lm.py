@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("generate", help="continue text with a trained GPT (prompt argument or stdin lines)",
                               description="Continue a prompt, streaming tokens to stdout. Without a prompt, reads "
-                                          "stdin line by line and writes one line per input (newlines written as \\n, "
-                                          "and \\n in an input line read as a newline).")
+                                          "stdin line by line and writes one line per input, a newline in it written "
+                                          "as \\n (a tab as \\t, a backslash as \\\\). The prompt and the input "
+                                          "lines take the same escapes, so '\\n' is a newline in any shell "
+                                          "(--no-escape: as written).")
     p.add_argument("--run", "--run-dir", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
     p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
     p.add_argument("-n", "--max-new-tokens", type=positive_int, default=200)
@@ -59,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=None, help="makes sampling reproducible")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--sliding-window", action="store_true", help="allow prompts/outputs longer than the context")
+    p.add_argument("--no-escape", dest="escape", action="store_false",
+                   help="take the prompt and the stdin lines as written: \\n is a backslash and an n")
     p.add_argument("--batch-size", type=positive_int, default=16, help="stdin lines completed together")
     add_weights(p)
     add_device(p)
@@ -154,12 +159,18 @@ def _train_lm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unescape(line: str) -> str:
-    return line.replace("\\n", "\n").replace("\\t", "\t")
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t"}  # a character of text, and how a line of input or output writes it
+_UNESCAPES = {written: char for char, written in _ESCAPES.items()}
 
 
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    """Text as one line: newlines, tabs and backslashes written as in :data:`_ESCAPES`."""
+    return re.sub(r"[\\\n\t]", lambda m: _ESCAPES[m.group()], text)
+
+
+def _unescape(line: str) -> str:
+    """The inverse of :func:`_escape`, in one pass (so that ``\\\\n`` is a backslash and an n)."""
+    return re.sub(r"\\[\\nt]", lambda m: _UNESCAPES[m.group()], line)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -189,14 +200,15 @@ def _complete_all(completer: Completer, args: argparse.Namespace) -> int:
     decoded (of the first batch of stdin lines; 0 if there were none)."""
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=args.stop)
+    read = _unescape if args.escape else str
     if args.prompt is not None:
-        completer.complete(args.prompt, stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
+        completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
         sys.stdout.write("\n")
         sys.stdout.flush()
         return 1
     if sys.stdin.isatty():
         raise ValueError("give a prompt, or pipe prompts on stdin (one per line)")
-    lines = [_unescape(line.rstrip("\n")) for line in sys.stdin]
+    lines = [read(line.rstrip("\n")) for line in sys.stdin]
     if args.sliding_window:
         for line in lines:
             print(_escape(completer.complete(line, sliding_window=True, **kw)), flush=True)
