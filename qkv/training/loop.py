@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qkv.config import ConfigError
+from qkv.config import ConfigError, to_dict
 from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, resolve_device
 from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
@@ -407,6 +407,21 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
     })
 
 
+def check_same_run(saved: Any, resumed: Any, sections: Sequence[str] = ("model", "data")) -> None:
+    """``--resume`` continues a run as it was: its checkpoint holds the model, and the data position it saved
+    counts in the run's data. A setting of those sections that differs from the run's own config (``saved``)
+    is one error that names it, raised before the config is written again: written, it would leave a run
+    whose ``config.json`` no longer fits its checkpoint, and no plain ``--resume`` could load it.
+    ``train.*`` may change (``train.steps=N`` goes on further)."""
+    old, new = to_dict(saved), to_dict(resumed)
+    changed = [f"{section}.{key}={value!r} (the run's: {old[section].get(key)!r})"
+               for section in sections for key, value in new[section].items() if value != old[section].get(key)]
+    if changed:
+        raise ConfigError(f"--resume continues a run as it was, and {'; '.join(changed)} would change its "
+                          f"{' or '.join(sections)}: only train.* settings may change on --resume; start a new "
+                          "run for the rest")
+
+
 def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
                  runtime: Runtime | None = None, metrics: MetricsLogger | None = None,
                  **streams: Any) -> dict[str, Any]:
@@ -448,5 +463,5 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "Runtime", "start", "compiled", "optimizer_step", "update", "LoopState", "Cadence", "save_state", "resume_state",
-           "export"]
+__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "Runtime", "start", "compiled", "optimizer_step",
+           "update", "LoopState", "Cadence", "save_state", "resume_state", "check_same_run", "export"]

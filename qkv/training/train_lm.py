@@ -36,9 +36,11 @@ from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.training.distributed import synced
-from qkv.training.lm_run import LMDataConfig, LMRecipe
+from qkv.training.lm_run import LMDataConfig, LMRecipe, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
-from qkv.training.loop import Cadence, LoopState, compiled, export, resume_state, save_state, start, update
+from qkv.training.loop import (
+    Cadence, LoopState, check_same_run, compiled, export, resume_state, save_state, start, update,
+)
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
@@ -180,8 +182,10 @@ def train_lm(
                     recipe.data, [text] + vocabulary_texts(recipe.data))
                 tokenizer.save(run_dir)
             tokenizer = load_tokenizer(run_dir)
-            save_json(replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size)),
-                      run_dir / CONFIG_FILE)
+            resolved = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
+            if resume:
+                check_same_run(load_run_recipe(run_dir), resolved)
+            save_json(resolved, run_dir / CONFIG_FILE)
             train_text, valid_text = split_text(text, recipe.data.split, recipe.data.valid_fraction)
             tokenize_to_file(train_text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir), valid_text)
 

@@ -49,7 +49,8 @@ from qkv.weights import average_checkpoints, load_state_dict_into, load_weights,
 from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, compiled, export, resume_state, save_state, start, update,
+    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, resume_state, save_state, start,
+    update,
 )
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
@@ -217,8 +218,10 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                 train_joint_bpe(train_src, train_tgt, d.vocab_size).save(run_dir)
             tok = load_tokenizer(run_dir)
             # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
-            save_json(replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id)),
-                      run_dir / CONFIG_FILE)
+            resolved = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
+            if resume:
+                check_same_run(load_json(Path(run_dir) / CONFIG_FILE, MTRecipe), resolved)
+            save_json(resolved, run_dir / CONFIG_FILE)
 
     ranks.main_first(prepare)
     tok = load_tokenizer(run_dir)

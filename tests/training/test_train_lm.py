@@ -97,6 +97,20 @@ def test_a_run_split_by_document_validates_on_the_held_out_documents(tmp_path, c
     assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(held_out_loss)
 
 
+def test_resume_refuses_a_new_model_or_data_and_leaves_the_run_resumable(tmp_path):
+    train_lm(tiny(tmp_path, steps=4), tmp_path / "run", quiet=True, plot=False)
+    config = (tmp_path / "run" / "config.json").read_text()
+    saved = load_run_recipe(tmp_path / "run")
+    for changed in (replace(saved, model=replace(saved.model, d_model=64)),
+                    replace(saved, data=replace(saved.data, split="documents"))):
+        with pytest.raises(ConfigError, match="(model.d_model=64|data.split='documents') .the run's: .*only train"):
+            train_lm(replace(changed, train=replace(changed.train, steps=6)), tmp_path / "run", resume=True, quiet=True,
+                     plot=False)
+        assert (tmp_path / "run" / "config.json").read_text() == config
+    more = replace(saved, train=replace(saved.train, steps=6))  # train.* may change: on to step 6
+    assert train_lm(more, tmp_path / "run", resume=True, quiet=True, plot=False).step == 6
+
+
 def test_max_minutes_ends_the_run_like_its_last_step(tmp_path):
     result = train_lm(tiny(tmp_path, max_minutes=1e-9), tmp_path / "run", quiet=True, plot=False)
     assert result.step == 1  # out of time after the first step, long before steps=10
