@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from qkv.config import ConfigError
-from qkv.io import as_os_error, atomic_paths
+from qkv.io import DataError, as_os_error, atomic_paths, read_json
 
 TOKENS_FILE = "tokens.bin"
 _META_SUFFIX = ".json"
@@ -154,7 +154,10 @@ def _open(path: str | Path) -> tuple[np.memmap, dict]:
     meta_path = path.with_suffix(path.suffix + _META_SUFFIX)
     if not path.is_file() or not meta_path.is_file():
         raise FileNotFoundError(f"{path}: no token file (and {meta_path.name}); tokenize the corpus first")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    try:
+        meta = read_json(meta_path, "token file's sidecar")
+    except DataError as e:
+        raise DataError(f"{e}: `qkv train lm --resume` on its run tokenizes the corpus again") from None
     arr = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
     if arr.shape[0] != meta["length"]:
         raise ValueError(f"{path}: holds {arr.shape[0]} tokens, {meta_path.name} says {meta['length']} (truncated?)")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qkv.config import ConfigError
+from qkv.io import DataError
 from qkv.data.lm import (LMData, load_splits, load_tokens, split_by_position, split_documents, split_text, token_dtype,
                          tokenize_to_file)
 from qkv.tokenizers.char import CharTokenizer
@@ -54,6 +55,16 @@ def test_a_truncated_token_file_is_refused(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(ValueError, match="truncated"):
         load_tokens(path)
+
+
+def test_a_damaged_sidecar_names_its_file_and_the_cure(tmp_path):
+    tok = CharTokenizer.train(TEXT)
+    path = tmp_path / "tokens.bin"
+    tokenize_to_file(TEXT, tok, path)
+    (tmp_path / "tokens.bin.json").write_text('{"fingerprint": ', encoding="utf-8")  # cut by a crash of another tool
+    with pytest.raises(DataError, match=r"tokens.bin.json:1: not valid JSON .*qkv train lm --resume"):
+        load_splits(path)
+    assert tokenize_to_file(TEXT, tok, path).tolist() == tok.encode(TEXT)  # what the resume does: written again
 
 
 def test_split_by_position_first_90_last_10():
