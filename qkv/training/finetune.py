@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Sequence, TextIO
+from typing import Any, NamedTuple, Sequence, TextIO
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ from qkv.data.lm import TOKENS_FILE, LMData, split_text, token_dtype
 from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import (
-    DataError, atomic_path, autocast, evaluating, model_device, read_text_file, to_device, write_json,
+    DataError, atomic_path, autocast, evaluating, model_device, read_json, read_text_file, to_device, write_json,
 )
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
@@ -52,7 +52,8 @@ from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, compiled, export, resume_state, save_state, start, update,
+    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, resume_state, save_state, start,
+    update,
 )
 from qkv.training.losses import masked_nll
 from qkv.training.optim import build_adamw
@@ -267,6 +268,17 @@ def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, data: LMDataConf
     return None
 
 
+def _fixed(record: dict[str, Any]) -> dict[str, Any]:
+    """What a fine-tuning run's checkpoint fixes, from its ``finetune.json``: the base run, the task data
+    (the samplers' saved positions count in it) and the adapters' shape and scale."""
+    def where(path: str) -> str:
+        return str(Path(path).resolve()) if path and Path(path).exists() else path
+
+    tuning = record.get("finetune", {})
+    return {"--run": where(record.get("base_run", "")), "--data": where(record.get("data", "")),
+            **{f"train.{key}": tuning.get(key) for key in ("lora_rank", "lora_alpha", "lora_targets")}}
+
+
 def finetune(
     base_run: str | Path,
     out_dir: str | Path,
@@ -330,10 +342,12 @@ def finetune(
 
     def prepare() -> None:  # the main rank writes the run directory; any others wait
         with Run(out_dir).starting(resume, overwrite):
+            record = {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)}
+            if resume:
+                check_same_run(_fixed(read_json(out_dir / FINETUNE_FILE, "fine-tuning record")), _fixed(record))
             tokenizer.save(out_dir)
             save_json(recipe, out_dir / CONFIG_FILE)
-            write_json(out_dir / FINETUNE_FILE, {"base_run": str(base_run), "data": data_spec,
-                                                 "finetune": to_dict(cfg)})
+            write_json(out_dir / FINETUNE_FILE, record)
 
     ranks.main_first(prepare)
 

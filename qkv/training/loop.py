@@ -407,19 +407,30 @@ def save_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Opt
     })
 
 
-def check_same_run(saved: Any, resumed: Any, sections: Sequence[str] = ("model", "data")) -> None:
-    """``--resume`` continues a run as it was: its checkpoint holds the model, and the data position it saved
-    counts in the run's data. A setting of those sections that differs from the run's own config (``saved``)
-    is one error that names it, raised before the config is written again: written, it would leave a run
-    whose ``config.json`` no longer fits its checkpoint, and no plain ``--resume`` could load it.
-    ``train.*`` may change (``train.steps=N`` goes on further)."""
-    old, new = to_dict(saved), to_dict(resumed)
-    changed = [f"{section}.{key}={value!r} (the run's: {old[section].get(key)!r})"
-               for section in sections for key, value in new[section].items() if value != old[section].get(key)]
+# Settings of those sections that a resumed run may change: where the corpus is found, the split scored
+# at the end, the text an empty prompt starts from. None of them is what the checkpoint learned from.
+FREE_ON_RESUME = ("data.data_dir", "data.test", "data.start")
+
+
+def fixed_settings(recipe: Any, sections: Sequence[str] = ("model", "data")) -> dict[str, Any]:
+    """The settings of a recipe that its run's checkpoint fixes, by dotted name: its model, and the data
+    its saved position counts in (less :data:`FREE_ON_RESUME`)."""
+    settings = to_dict(recipe)
+    named = {f"{section}.{key}": value for section in sections for key, value in settings[section].items()}
+    return {name: value for name, value in named.items() if name not in FREE_ON_RESUME}
+
+
+def check_same_run(saved: Mapping[str, Any], resumed: Mapping[str, Any]) -> None:
+    """``--resume`` continues a run as it was. A fixed setting (:func:`fixed_settings`) that differs from
+    the run's own is one error that names it, raised before the run's record is written again: written, it
+    would describe a run the checkpoint is not, and a ``config.json`` that no longer fits its checkpoint
+    leaves a run that no plain ``--resume`` can load. Other settings may change (``train.steps=N`` goes on
+    further)."""
+    changed = [f"{name}={value!r} (the run's: {saved.get(name)!r})" for name, value in resumed.items()
+               if value != saved.get(name)]
     if changed:
-        raise ConfigError(f"--resume continues a run as it was, and {'; '.join(changed)} would change its "
-                          f"{' or '.join(sections)}: only train.* settings may change on --resume; start a new "
-                          "run for the rest")
+        raise ConfigError(f"--resume continues a run as it was, and {'; '.join(changed)} would make it another "
+                          "run: start a new one for that (--resume takes changes such as train.steps=N)")
 
 
 def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
@@ -464,4 +475,5 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
 
 
 __all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "Runtime", "start", "compiled", "optimizer_step",
-           "update", "LoopState", "Cadence", "save_state", "resume_state", "check_same_run", "export"]
+           "update", "LoopState", "Cadence", "save_state", "resume_state", "fixed_settings", "check_same_run",
+           "export"]

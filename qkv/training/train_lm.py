@@ -39,7 +39,7 @@ from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, LMRecipe, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopState, check_same_run, compiled, export, resume_state, save_state, start, update,
+    Cadence, LoopState, check_same_run, compiled, export, fixed_settings, resume_state, save_state, start, update,
 )
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
@@ -184,7 +184,7 @@ def train_lm(
             tokenizer = load_tokenizer(run_dir)
             resolved = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
             if resume:
-                check_same_run(load_run_recipe(run_dir), resolved)
+                check_same_run(fixed_settings(load_run_recipe(run_dir)), fixed_settings(resolved))
             save_json(resolved, run_dir / CONFIG_FILE)
             train_text, valid_text = split_text(text, recipe.data.split, recipe.data.valid_fraction)
             tokenize_to_file(train_text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir), valid_text)

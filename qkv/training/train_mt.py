@@ -49,8 +49,8 @@ from qkv.weights import average_checkpoints, load_state_dict_into, load_weights,
 from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, resume_state, save_state, start,
-    update,
+    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, fixed_settings, resume_state,
+    save_state, start, update,
 )
 from qkv.training.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
@@ -220,7 +220,8 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
             # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
             resolved = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
             if resume:
-                check_same_run(load_json(Path(run_dir) / CONFIG_FILE, MTRecipe), resolved)
+                saved = load_json(Path(run_dir) / CONFIG_FILE, MTRecipe)
+                check_same_run(fixed_settings(saved), fixed_settings(resolved))
             save_json(resolved, run_dir / CONFIG_FILE)
 
     ranks.main_first(prepare)

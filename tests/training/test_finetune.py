@@ -10,7 +10,7 @@ from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, 
 from qkv.training.finetune import FinetuneConfig, finetune, finetune_loss, pretraining_data
 from qkv.runs import Run, load_model
 from qkv.training.losses import masked_nll
-from qkv.config import from_dict
+from qkv.config import ConfigError, from_dict
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.train_lm import train_lm
 
@@ -138,6 +138,20 @@ def test_finetune_learns_the_task_and_resumes_exactly(base_run, tmp_path):
     assert first.losses + rest.losses == straight.losses
     assert first.pretrain_losses[0] > 0  # the pretraining batches were really used
     assert rest.after == straight.after
+
+
+def test_resume_refuses_other_data_or_adapters_and_leaves_the_record(base_run, tmp_path):
+    (tmp_path / "a.jsonl").write_text("", encoding="utf-8")  # a file stands for the data: compared by its path
+    run, spec = tmp_path / "ft", str(tmp_path / "a.jsonl")
+    finetune(base_run, run, _pairs(), None, _cfg(), stop_at=2, quiet=True, plot=False, data_spec=spec)
+    record = (run / "finetune.json").read_text()
+    for cfg, data, changed in ((_cfg(), "other.jsonl", "--data"), (_cfg(lora_rank=2), spec, "train.lora_rank")):
+        with pytest.raises(ConfigError, match=f"{changed}=.*the run's.*another run"):
+            finetune(base_run, run, _pairs(), None, cfg, resume=True, quiet=True, plot=False, data_spec=data)
+        assert (run / "finetune.json").read_text() == record
+    rest = finetune(base_run, run, _pairs(), None, _cfg(steps=10), resume=True, quiet=True, plot=False,
+                    data_spec=str(tmp_path / "." / "a.jsonl"))  # the same file, written another way; more steps
+    assert rest.step == 10
 
 
 def test_lora_finetune_trains_a_low_rank_update_and_exports_a_plain_gpt(base_run, tmp_path):

@@ -103,11 +103,12 @@ def test_resume_refuses_a_new_model_or_data_and_leaves_the_run_resumable(tmp_pat
     saved = load_run_recipe(tmp_path / "run")
     for changed in (replace(saved, model=replace(saved.model, d_model=64)),
                     replace(saved, data=replace(saved.data, split="documents"))):
-        with pytest.raises(ConfigError, match="(model.d_model=64|data.split='documents') .the run's: .*only train"):
+        with pytest.raises(ConfigError, match="(model.d_model=64|data.split='documents') .the run's: .*another run"):
             train_lm(replace(changed, train=replace(changed.train, steps=6)), tmp_path / "run", resume=True, quiet=True,
                      plot=False)
         assert (tmp_path / "run" / "config.json").read_text() == config
-    more = replace(saved, train=replace(saved.train, steps=6))  # train.* may change: on to step 6
+    more = replace(saved, train=replace(saved.train, steps=6),  # train.* may change: on to step 6
+                   data=replace(saved.data, data_dir=str(tmp_path)))  # and where the corpus is looked for
     assert train_lm(more, tmp_path / "run", resume=True, quiet=True, plot=False).step == 6
 
 
