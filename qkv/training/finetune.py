@@ -276,7 +276,7 @@ def _fixed(record: dict[str, Any]) -> dict[str, Any]:
 
     tuning = record.get("finetune", {})
     return {"--run": where(record.get("base_run", "")), "--data": where(record.get("data", "")),
-            **{f"train.{key}": tuning.get(key) for key in ("lora_rank", "lora_alpha", "lora_targets")}}
+            **{f"train.{key}": tuning[key] for key in ("lora_rank", "lora_alpha", "lora_targets") if key in tuning}}
 
 
 def finetune(

@@ -425,9 +425,9 @@ def check_same_run(saved: Mapping[str, Any], resumed: Mapping[str, Any]) -> None
     the run's own is one error that names it, raised before the run's record is written again: written, it
     would describe a run the checkpoint is not, and a ``config.json`` that no longer fits its checkpoint
     leaves a run that no plain ``--resume`` can load. Other settings may change (``train.steps=N`` goes on
-    further)."""
-    changed = [f"{name}={value!r} (the run's: {saved.get(name)!r})" for name, value in resumed.items()
-               if value != saved.get(name)]
+    further). A setting the run's record does not hold (written before the setting existed) is not checked."""
+    changed = [f"{name}={value!r} (the run's: {saved[name]!r})" for name, value in resumed.items()
+               if name in saved and value != saved[name]]
     if changed:
         raise ConfigError(f"--resume continues a run as it was, and {'; '.join(changed)} would make it another "
                           "run: start a new one for that (--resume takes changes such as train.steps=N)")

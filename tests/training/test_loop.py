@@ -8,7 +8,9 @@ from torch import nn
 
 from qkv.config import ConfigError
 from qkv.training.logging import NonFiniteLossError
-from qkv.training.loop import Cadence, LoopConfig, LoopState, Runtime, export, optimizer_step, resume_state, save_state
+from qkv.training.loop import (
+    Cadence, LoopConfig, LoopState, Runtime, check_same_run, export, optimizer_step, resume_state, save_state,
+)
 
 
 def _model_and_optimizer(seed=0):
@@ -174,3 +176,11 @@ def test_the_launcher_hands_torchrun_the_command_without_itself():
 
     argv = ["train", "lm", "--nproc-per-node", "2", "--run", "r", "--nproc-per-node=4", "x=1"]
     assert without_launcher(argv) == ["train", "lm", "--run", "r", "x=1"]
+
+
+def test_a_resume_names_each_fixed_setting_it_would_change_and_skips_what_an_older_record_lacks():
+    saved = {"model.d_model": 128, "data.split": "position"}
+    check_same_run(saved, {**saved, "model.head_dim": 32})  # a setting added since the run was written
+    with pytest.raises(ConfigError, match=r"model.d_model=64 \(the run's: 128\); data.split='documents' \(the run's: "
+                                          r"'position'\) would make it another run"):
+        check_same_run(saved, {"model.d_model": 64, "data.split": "documents"})
