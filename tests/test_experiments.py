@@ -66,6 +66,10 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     (results / "B_d_k32_seed1.json").write_text(json.dumps({**row, "steps": 5}))
     assert main(grid_argv(tmp_path, "g", "--report")) == 2
     assert "B_d_k32_seed1.json: made with steps 5, base_seed1.json with 4" in capsys.readouterr().err
+    # A report with no result of its grid (a mistyped folder): one line, and no empty table left there.
+    assert main(grid_argv(tmp_path, "typo", "--report")) == 2
+    assert "no results of this grid to report" in capsys.readouterr().err
+    assert not (tmp_path / "typo" / "results" / "table3.md").exists()
 
 
 def test_an_interrupted_variant_resumes_to_the_result_of_an_uninterrupted_one(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
 from qkv.experiments.grid import SIDE_BY_SIDE, Variant, check_results, read_results, run_grid, time_left
-from qkv.io import write_text
+from qkv.io import DataError, write_text
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
@@ -88,6 +88,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      partial(table3.train_and_score, steps=args.steps, base=args.recipe, extra=args.overrides),
                      _log("table3", args.quiet))
     results = read_results(args.results, grid)
+    if args.report:
+        nothing_to_report(args.results, results, "table3")
     for path in table3.write_report(results, grid, args.results):
         print(path)
     if args.against:
@@ -97,6 +99,14 @@ def cmd_table3(args: argparse.Namespace) -> int:
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
     _say_time_left(results, grid, args.jobs)
     return 0
+
+
+def nothing_to_report(folder: str | Path, results: dict[str, Any], experiment: str) -> None:
+    """``--report`` on a folder without one result of its grid is an error, not an empty table written there
+    (a mistyped ``--results``, or the grid not run yet)."""
+    if not results:
+        raise DataError(f"{folder}: no results of this grid to report; `qkv experiment {experiment}` trains "
+                        "them, and --results names the folder they are in")
 
 
 def _say_time_left(results: dict[str, dict[str, Any]], grid: Sequence[Variant], jobs: int) -> None:
@@ -123,9 +133,11 @@ def cmd_forgetting(args: argparse.Namespace) -> int:
         else:
             run_grid(grid, out, results, partial(forgetting.train_and_score, base=base, steps=args.steps),
                      _log("forgetting", args.quiet))
+    found = read_results(results, grid)
+    if args.report:
+        nothing_to_report(results, found, "forgetting")
     for path in forgetting.write_report(results, grid):
         print(path)
-    found = read_results(results, grid)
     print(f"{len(found)} of {len(grid)} variants scored", file=sys.stderr)
     _say_time_left(found, grid, args.jobs)
     return 0
