@@ -58,6 +58,8 @@ WEIGHT_NAMES = ("model", "best", "last", "average")
 # What a run is used with when no name is given: the final choice, else the best, else the last.
 _DEFAULT_WEIGHTS = ("model", "best", "last")
 # Files a fresh run replaces when asked to (--overwrite); step_*, .hyp and tokens files as well.
+# The old run waits in REPLACED_DIR until the new one has started (Run.starting).
+REPLACED_DIR = ".replaced"
 _RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, FINETUNE_FILE, ADAPTER_FILE,
               *(f"{n}{WEIGHTS_SUFFIX}" for n in WEIGHT_NAMES), f"{LAST}.pt")
 
@@ -229,20 +231,20 @@ class Run:
 
         Raises:
             FileNotFoundError: ``resume`` without a checkpoint to continue.
-            RunError: a new run in a directory that already holds one, without ``overwrite``.
+            RunError: a new run in a directory that already holds one, without ``overwrite``; or one
+                whose ``.replaced`` holds the old run of an ``--overwrite`` that was stopped.
         """
         if resume:
             if not self.has_checkpoint:
                 raise FileNotFoundError(f"{self.path}: nothing to resume (no {LAST}.pt checkpoint)")
             return self
-        existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
-        existing += self.step_weights() + sorted(self.path.glob("*.hyp"))
-        existing += sorted(self.path.glob(f"{TOKENS_FILE}*"))
-        existing += [self.file(TENSORBOARD_DIR)] if self.file(TENSORBOARD_DIR).is_dir() else []
-        if existing and not overwrite:
-            raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
-                           f"{', ...' if len(existing) > 4 else ''}); pass --resume to continue it, --overwrite to "
-                           "start again, or choose another --run directory")
+        existing = self._files()
+        if not overwrite:
+            self._check_nothing_set_aside()
+            if existing:
+                raise RunError(f"{self.path} already holds a run ({', '.join(p.name for p in existing[:4])}"
+                               f"{', ...' if len(existing) > 4 else ''}); pass --resume to continue it, --overwrite to "
+                               "start again, or choose another --run directory")
         for path in existing:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -253,14 +255,54 @@ class Run:
         """:meth:`prepare`, then the writing of a new run's first files (tokenizer, config, tokens) in the
         ``with`` block; if that fails (an empty corpus, a wrong tokenizer source), they go again: a run that
         never started would otherwise hold a ``config.json`` and refuse the corrected command without
-        ``--overwrite``. A resumed run's files are never touched."""
-        self.prepare(resume, overwrite)
+        ``--overwrite``. A resumed run's files are never touched.
+
+        With ``overwrite`` the old run is set aside in ``RUN/.replaced``, not deleted, until the new run's
+        first files are written: a new run that cannot start (a mistyped corpus path) puts the old one back
+        as it was. A process killed in between leaves it there, and the next start in the directory says so.
+        """
+        if resume:
+            yield self.prepare(resume=True)
+            return
+        aside = self._set_aside() if overwrite else None
+        self.prepare(overwrite=overwrite)
         try:
             yield self
         except BaseException:
-            if not resume:
-                self.prepare(overwrite=True)
+            self.prepare(overwrite=True)
+            if aside is not None:  # the old run, back where it was
+                for path in aside.iterdir():
+                    path.rename(self.file(path.name))
+                aside.rmdir()
             raise
+        if aside is not None:
+            shutil.rmtree(aside)
+
+    def _files(self) -> list[Path]:
+        """The files of a run in the directory: what a new run replaces when asked to."""
+        existing = [self.file(n) for n in _RUN_FILES if self.file(n).exists()]
+        existing += self.step_weights() + sorted(self.path.glob("*.hyp"))
+        existing += sorted(self.path.glob(f"{TOKENS_FILE}*"))
+        return existing + ([self.file(TENSORBOARD_DIR)] if self.file(TENSORBOARD_DIR).is_dir() else [])
+
+    def _set_aside(self) -> Path | None:
+        """Move the run in the directory into ``RUN/.replaced`` (renames, on one filesystem); None if it holds none."""
+        self._check_nothing_set_aside()
+        existing = self._files()
+        if not existing:
+            return None
+        aside = self.file(REPLACED_DIR)
+        aside.mkdir()
+        for path in existing:
+            path.rename(aside / path.name)
+        return aside
+
+    def _check_nothing_set_aside(self) -> None:
+        aside = self.file(REPLACED_DIR)
+        if aside.exists():
+            raise RunError(f"{aside} holds the run that an --overwrite of {self.path} was replacing when it was "
+                           f"stopped: move its files back into {self.path} to keep that run, or delete {aside}; "
+                           "then run the command again")
 
 
 def load_model(run: Run | str | Path, weights: str | Path | None = None,

@@ -11,7 +11,8 @@ import qkv.cli
 from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
 from qkv.data.lm import load_splits, split_documents
 from qkv.evaluation.perplexity import evaluate_tokens
-from qkv.runs import Run, load_model
+from qkv.io import DataError
+from qkv.runs import Run, RunError, load_model
 from qkv.training.lm_run import LMRecipe, load_run_recipe
 from qkv.training.train_lm import load_lm_recipe, train_lm
 
@@ -164,6 +165,28 @@ def test_a_run_that_could_not_start_leaves_nothing_behind(tmp_path):
     with pytest.raises(RuntimeError, match="inside"), Run(tmp_path / "run").starting(resume=True):
         raise RuntimeError("inside")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+def test_an_overwrite_that_cannot_start_puts_the_old_run_back(tmp_path):
+    recipe = tiny(tmp_path, steps=2, eval_every=2, warmup=1)
+    run = tmp_path / "run"
+    train_lm(recipe, run, quiet=True, plot=False)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    mistyped = replace(recipe, data=replace(recipe.data, path=str(tmp_path / "typo.txt")))
+    with pytest.raises(DataError, match="file not found: .*typo.txt"):
+        train_lm(mistyped, run, overwrite=True, quiet=True, plot=False)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # byte for byte, nothing set aside left over
+    train_lm(replace(recipe, train=replace(recipe.train, steps=3)), run, overwrite=True, quiet=True, plot=False)
+    assert not (run / ".replaced").exists() and load_run_recipe(run).train.steps == 3  # replaced, as asked
+
+    # What a kill between the two leaves: the old run set aside, the new one's first files. No start passes it by.
+    (run / ".replaced").mkdir()
+    for name in ("model.safetensors", "last.pt"):
+        (run / name).rename(run / ".replaced" / name)
+    for overwrite in (False, True):
+        with pytest.raises(RunError, match=r"\.replaced holds the run that an --overwrite .* was replacing"):
+            train_lm(recipe, run, overwrite=overwrite, quiet=True, plot=False)
+    assert sorted(p.name for p in (run / ".replaced").iterdir()) == ["last.pt", "model.safetensors"]
 
 
 def test_recipe_errors_name_the_key(tmp_path):
