@@ -170,6 +170,9 @@ def train_lm(
                           f"{tc.decay_end} <= warmup {tc.warmup})")
     if resume and init_from:
         raise ValueError("--resume continues this run; --init-from starts a new one from other weights: pick one")
+    if init_from and Path(init_from).resolve() == run_dir.resolve():
+        raise ValueError(f"--init-from {init_from} is the run this one would replace: copy it elsewhere and start from "
+                         "the copy, or choose another --run")
 
     # 1. Tokenizer: reloaded when resuming, taken from the source run with --init-from, else built;
     # 2. data: tokenized once into RUN/tokens.bin (reused while text and tokenizer are unchanged).

@@ -145,6 +145,9 @@ def test_resume_and_new_runs_refuse_the_wrong_directory(tmp_path):
     train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
     with pytest.raises(ValueError, match="already holds a run"):
         train_lm(recipe, tmp_path / "run", quiet=True, plot=False)
+    with pytest.raises(ValueError, match="is the run this one would replace"):
+        train_lm(recipe, tmp_path / "run", overwrite=True, init_from=tmp_path / "." / "run", quiet=True, plot=False)
+    assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
 def test_a_run_that_could_not_start_leaves_nothing_behind(tmp_path):
