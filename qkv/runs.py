@@ -58,10 +58,10 @@ WEIGHT_NAMES = ("model", "best", "last", "average")
 # What a run is used with when no name is given: the final choice, else the best, else the last.
 _DEFAULT_WEIGHTS = ("model", "best", "last")
 # Files a fresh run replaces when asked to (--overwrite); step_*, .hyp and tokens files as well.
-# The old run waits in REPLACED_DIR until the new one has started (Run.starting).
-REPLACED_DIR = ".replaced"
 _RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, FINETUNE_FILE, ADAPTER_FILE,
               *(f"{n}{WEIGHTS_SUFFIX}" for n in WEIGHT_NAMES), f"{LAST}.pt")
+# Where the replaced run waits until the new one has started (Run.starting).
+REPLACED_DIR = ".replaced"
 
 MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
 _MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
@@ -298,6 +298,8 @@ class Run:
         return aside
 
     def _check_nothing_set_aside(self) -> None:
+        """A run set aside by an ``--overwrite`` that was stopped is the user's to take back or delete: no new
+        start passes it by, or a later ``--overwrite`` would delete it for good."""
         aside = self.file(REPLACED_DIR)
         if aside.exists():
             raise RunError(f"{aside} holds the run that an --overwrite of {self.path} was replacing when it was "
