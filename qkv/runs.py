@@ -299,12 +299,16 @@ class Run:
 
     def _check_nothing_set_aside(self) -> None:
         """A run set aside by an ``--overwrite`` that was stopped is the user's to take back or delete: no new
-        start passes it by, or a later ``--overwrite`` would delete it for good."""
+        start passes it by, or a later ``--overwrite`` would delete it for good. One that never trained (no
+        weights, no checkpoint: a run that had not started, as a grid's interrupted variant) is deleted."""
         aside = self.file(REPLACED_DIR)
-        if aside.exists():
+        if not aside.exists():
+            return
+        if any(p.name.endswith(WEIGHTS_SUFFIX) or p.name == f"{LAST}.pt" for p in aside.iterdir()):
             raise RunError(f"{aside} holds the run that an --overwrite of {self.path} was replacing when it was "
                            f"stopped: move its files back into {self.path} to keep that run, or delete {aside}; "
                            "then run the command again")
+        shutil.rmtree(aside)
 
 
 def load_model(run: Run | str | Path, weights: str | Path | None = None,

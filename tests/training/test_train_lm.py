@@ -190,6 +190,11 @@ def test_an_overwrite_that_cannot_start_puts_the_old_run_back(tmp_path):
         with pytest.raises(RunError, match=r"\.replaced holds the run that an --overwrite .* was replacing"):
             train_lm(recipe, run, overwrite=overwrite, quiet=True, plot=False)
     assert sorted(p.name for p in (run / ".replaced").iterdir()) == ["last.pt", "model.safetensors"]
+    # One that never trained (a grid's variant killed before its first checkpoint) holds nothing to keep.
+    for name in ("model.safetensors", "last.pt"):
+        (run / ".replaced" / name).unlink()
+    train_lm(recipe, run, overwrite=True, quiet=True, plot=False)
+    assert not (run / ".replaced").exists() and (run / "model.safetensors").is_file()
 
 
 def test_recipe_errors_name_the_key(tmp_path):
