@@ -12,8 +12,8 @@ between the splits, which is cut one of two ways (``data.split``):
 - ``documents``: for a corpus of many short texts, one per paragraph (poems, articles), whose order
   means something. The last 10% of the Tang poems is the collection's supplements (gathas, fu,
   fragments), unlike the poems before them; every tenth document, spread over the whole corpus,
-  validates instead. The held-out documents are tokenized after the others, so the split is again a position,
-  recorded in the sidecar.
+  validates instead. The held-out documents are tokenized after the others, so the split is again a
+  position, recorded in the sidecar.
 
 The array file carries a JSON sidecar with a fingerprint of the text and of the tokenizer: a changed
 corpus or tokenizer is re-tokenized, never silently reused.
