@@ -4,8 +4,10 @@ Both models have the same dims: d_model 256, 3 encoder + 3 decoder layers, 4 hea
 shared 8,000-token vocabulary, post-norm, ReLU, sinusoidal positions, embeddings scaled by
 sqrt(d_model) and tied to the output projection, dropout 0.1 on embeddings and sublayer outputs (no
 attention or activation dropout, as in the paper). Both see identical padded batches of 64 pairs
-(source and target lengths drawn uniformly from 8 to 32 tokens, or --min-len..--max-len) and the same loss (label-smoothed cross-entropy,
-0.1, padding ignored) and optimizer (the paper's Adam, fused). Tokens/s counts non-padding target tokens.
+(source and target lengths drawn uniformly from 8 to 32 tokens, or --min-len..--max-len), the same
+loss (label-smoothed cross-entropy, 0.1, padding ignored: `F.cross_entropy` for Marian, as an HF
+script computes it, and the trainer's `label_smoothed_nll` for qkv, which gives the same value) and
+the same optimizer (the paper's Adam, fused). Tokens/s counts non-padding target tokens.
 
     python bench/train_mt.py [--repeats 5] [--steps 12] [--min-len 8 --max-len 32] [--out bench/results/train_mt.json]
 """
@@ -53,13 +55,16 @@ def build(impl: str):
 
     if impl == "qkv":
         from qkv import ModelConfig, Transformer
+        from qkv.training.losses import label_smoothed_nll
 
         cfg = ModelConfig(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS, dropout=0.1, max_len=256)
         model = Transformer(cfg)
 
         def loss_fn(src, tgt_in, tgt_out):
-            keep = tgt_out != PAD  # qkv scores only the positions the loss counts, as its trainer does
-            return loss_of(model(src, tgt_in, keep=keep), tgt_out[keep])
+            # As its trainer does: scores only the positions the loss counts, with its own loss (the
+            # same value as `loss_of`).
+            keep = tgt_out != PAD
+            return label_smoothed_nll(model(src, tgt_in, keep=keep), tgt_out[keep], 0.1, ignore_index=PAD).loss
 
         return model, loss_fn
     if impl == "marian":
