@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 
@@ -40,8 +39,9 @@ def label_smoothed_nll(
 
     The target distribution puts ``1 - smoothing`` on the gold token and spreads ``smoothing``
     uniformly over all ``V`` classes, exactly as ``F.cross_entropy(..., label_smoothing=smoothing)``:
-    ``loss = (1 - eps) * nll + eps * mean_v(-log p_v)``. One log-softmax serves both the smoothed loss
-    and the plain NLL (two ``F.cross_entropy`` calls would run the softmax over the vocabulary twice).
+    ``loss = (1 - eps) * nll + eps * mean_v(-log p_v)``. One softmax serves both the smoothed loss
+    and the plain NLL (two ``F.cross_entropy`` calls would run it over the vocabulary twice), and its
+    gradient is written out rather than traced (:class:`_SmoothedCrossEntropy`).
 
     Args:
         logits: (B, T, V) or (N, V) unnormalized scores; computed in float32 when lower precision.
@@ -61,18 +61,56 @@ def label_smoothed_nll(
             "expected logits (..., V) and targets (...)"
         )
     vocab = logits.size(-1)
-    logp = F.log_softmax(logits.reshape(-1, vocab).float(), dim=-1)  # (N, V)
     flat = targets.reshape(-1)  # (N,)
     keep = flat != ignore_index  # (N,)
     n_tokens = keep.sum()
     denom = n_tokens.clamp_min(1)
-    nll_sum = F.nll_loss(logp, flat, ignore_index=ignore_index, reduction="sum")
-    loss_sum = nll_sum
-    if smoothing > 0.0:
-        # Sum over counted positions of mean_v(-log p_v): the uniform part of the smoothed target.
-        uniform_sum = -(logp.sum(dim=-1) * keep).sum() / vocab
-        loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum
-    return TokenLoss(loss_sum / denom, nll_sum.detach() / denom, n_tokens)
+    loss_sum, nll_sum = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab).float(), flat, keep, smoothing)
+    return TokenLoss(loss_sum / denom, nll_sum / denom, n_tokens)
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Sums over the kept rows of the smoothed cross-entropy and of the plain NLL, with the gradient written out.
+
+    The gradient of the smoothed loss with respect to the scores is ``p - q`` (the softmax minus the
+    smoothed target), so the forward pass keeps ``p`` and the backward pass is a subtraction. Autograd
+    through ``log_softmax`` exponentiates the whole (N, V) score matrix a second time instead, which
+    made the loss of a Multi30K batch 1.7 times as slow (docs/BENCHMARKS.md, "The loss's gradient").
+    """
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, smoothing: float):
+        # scores (N, V) float32; targets (N,); keep (N,) bool.
+        top = scores.amax(dim=-1, keepdim=True)  # (N, 1): subtracted so exp cannot overflow
+        p = (scores - top).exp_()  # (N, V), normalised below
+        total = p.sum(dim=-1, keepdim=True)  # (N, 1)
+        p.div_(total)
+        log_z = (top + total.log()).squeeze(1)  # (N,): log of the softmax's normaliser
+        gold = targets.masked_fill(~keep, 0)  # an ignored row's target may be any id: read row 0's
+        nll = torch.where(keep, log_z - scores.gather(1, gold.unsqueeze(1)).squeeze(1), 0.0)  # (N,) -log p_gold
+        loss = nll
+        if smoothing > 0.0:
+            uniform = torch.where(keep, log_z - scores.mean(dim=-1), 0.0)  # (N,) mean_v(-log p_v)
+            loss = (1.0 - smoothing) * nll + smoothing * uniform
+        ctx.save_for_backward(p, gold, keep)
+        ctx.smoothing = smoothing
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss.sum(), nll_sum
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor):
+        p, gold, keep = ctx.saved_tensors
+        eps = ctx.smoothing
+        q_gold = torch.full_like(gold, 1.0 - eps, dtype=p.dtype).unsqueeze(1)  # (N, 1)
+        # p - q, where q = eps / V everywhere plus 1 - eps on the gold token; a new tensor, so that a
+        # second backward (retain_graph) finds p unchanged.
+        grad = (p - eps / p.size(1)).scatter_add_(1, gold.unsqueeze(1), -q_gold)  # (N, V)
+        # An ignored row's gradient is zero, whatever its scores (a product with 0 would keep a NaN);
+        # set by index, since ignored rows are few and a mask over (N, V) costs a pass.
+        ignored = (~keep).nonzero().squeeze(1)  # (n_ignored,)
+        return grad.mul_(grad_loss).index_fill_(0, ignored, 0.0), None, None, None
 
 
 def masked_nll(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor) -> TokenLoss:
