@@ -12,6 +12,7 @@ as instructions, e.g. ``cmn-eng:train`` gives ``"Chinese: 我累了。\\nEnglish
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,13 @@ class Pair:
     prompt: str
     response: str
     where: str = ""
+
+
+def fingerprint(pairs: Sequence[Pair]) -> str:
+    """A short sha256 of the examples' text, in order (not of where they were read): what a fine-tuning
+    run records of its data, so that a resume notices a file edited in place under the same name."""
+    text = json.dumps([[p.prompt, p.response] for p in pairs], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def read_jsonl_pairs(path: str | Path) -> list[Pair]:

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.corpora import list_corpora, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, token_dtype
-from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs
+from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs, fingerprint
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import (
     DataError, atomic_path, autocast, evaluating, model_device, read_json, read_text_file, to_device, write_json,
@@ -270,12 +270,14 @@ def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, data: LMDataConf
 
 def _fixed(record: dict[str, Any]) -> dict[str, Any]:
     """What a fine-tuning run's checkpoint fixes, from its ``finetune.json``: the base run, the task data
-    (the samplers' saved positions count in it) and the adapters' shape and scale."""
+    (the samplers' saved positions count in it: its path, and its examples' fingerprint, which a file
+    edited in place changes) and the adapters' shape and scale."""
     def where(path: str) -> str:
         return str(Path(path).resolve()) if path and Path(path).exists() else path
 
     tuning = record.get("finetune", {})
-    return {"--run": where(record.get("base_run", "")), "--data": where(record.get("data", "")),
+    examples = {"--data's examples (sha256)": record["data_sha256"]} if "data_sha256" in record else {}
+    return {"--run": where(record.get("base_run", "")), "--data": where(record.get("data", "")), **examples,
             **{f"train.{key}": tuning[key] for key in ("lora_rank", "lora_alpha", "lora_targets") if key in tuning}}
 
 
@@ -342,7 +344,8 @@ def finetune(
 
     def prepare() -> None:  # the main rank writes the run directory; any others wait
         with Run(out_dir).starting(resume, overwrite):
-            record = {"base_run": str(base_run), "data": data_spec, "finetune": to_dict(cfg)}
+            record = {"base_run": str(base_run), "data": data_spec, "data_sha256": fingerprint(train_pairs),
+                      "finetune": to_dict(cfg)}
             if resume:
                 check_same_run(_fixed(read_json(out_dir / FINETUNE_FILE, "fine-tuning record")), _fixed(record))
             tokenizer.save(out_dir)

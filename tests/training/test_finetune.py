@@ -1,6 +1,7 @@
 """Fine-tuning: response-only loss, the mixed loss, LoRA runs, exact resume, and clear data errors."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -149,9 +150,20 @@ def test_resume_refuses_other_data_or_adapters_and_leaves_the_record(base_run, t
         with pytest.raises(ConfigError, match=f"{changed}=.*the run's.*another run"):
             finetune(base_run, run, _pairs(), None, cfg, resume=True, quiet=True, plot=False, data_spec=data)
         assert (run / "finetune.json").read_text() == record
+    # The same file, edited in place: its path is the run's, its examples are not.
+    edited = [replace(p, response=p.response + "!") if i == 0 else p for i, p in enumerate(_pairs())]
+    with pytest.raises(ConfigError, match=r"--data's examples \(sha256\)='[0-9a-f]{16}' \(the run's: '[0-9a-f]{16}'\)"):
+        finetune(base_run, run, edited, None, _cfg(), resume=True, quiet=True, plot=False, data_spec=spec)
+    assert (run / "finetune.json").read_text() == record
     rest = finetune(base_run, run, _pairs(), None, _cfg(steps=10), resume=True, quiet=True, plot=False,
                     data_spec=str(tmp_path / "." / "a.jsonl"))  # the same file, written another way; more steps
     assert rest.step == 10
+    # A record written before runs kept the fingerprint: its examples are not checked.
+    old = json.loads((run / "finetune.json").read_text())
+    del old["data_sha256"]
+    (run / "finetune.json").write_text(json.dumps(old), encoding="utf-8")
+    assert finetune(base_run, run, edited, None, _cfg(steps=12), resume=True, quiet=True, plot=False,
+                    data_spec=spec).step == 12
 
 
 def test_lora_finetune_trains_a_low_rank_update_and_exports_a_plain_gpt(base_run, tmp_path):
