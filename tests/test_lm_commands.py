@@ -93,6 +93,14 @@ def test_the_prompt_and_stdin_lines_take_the_escapes_that_output_lines_are_writt
     assert qkv.cli.main(["generate", "--run", str(run), *greedy]) == 0
     continuation = newline.removeprefix("All:\nSpeak").removesuffix("\n")  # stdin's output is the new text only
     assert capsys.readouterr().out == _escape(continuation) + "\n"  # the same text, as one line
+    # --stop takes the same escapes: '\n\n' (as typed in '') is a blank line, with --no-escape as written.
+    from qkv.generation.completer import Completer
+
+    stops = []
+    monkeypatch.setattr(Completer, "complete", lambda self, prompt, **kw: stops.append(kw["stop"]) or "")
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "--stop", "\\n\\n", "--stop", "C:\\\\new"]) == 0
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "--stop", "\\n\\n", "--no-escape"]) == 0
+    assert stops == [["\n\n", "C:\\new"], ["\\n\\n"]]
 
 
 def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
@@ -101,6 +109,8 @@ def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
     assert qkv.cli.main(["generate", "--run", str(run), "x" * 40]) == 2
     captured = capsys.readouterr()
     assert "--sliding-window" in captured.err and captured.out == ""  # nothing echoed before the error
+    assert qkv.cli.main(["generate", "--run", str(run), "x", "--stop", ""]) == 2
+    assert "--stop '' would end every completion" in capsys.readouterr().err
 
 
 def test_eval_lm_prints_loss_and_perplexity(run, capsys):

@@ -50,9 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="continue text with a trained GPT (prompt argument or stdin lines)",
                               description="Continue a prompt, streaming tokens to stdout. Without a prompt, reads "
                                           "stdin line by line and writes one line per input, a newline in it written "
-                                          "as \\n (a tab as \\t, a backslash as \\\\). The prompt and the input "
-                                          "lines take the same escapes, so '\\n' is a newline in any shell "
-                                          "(--no-escape: as written).")
+                                          "as \\n (a tab as \\t, a backslash as \\\\). The prompt, the input "
+                                          "lines and --stop take the same escapes, so '\\n' is a newline in any "
+                                          "shell (--no-escape: as written).")
     p.add_argument("--run", "--run-dir", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
     p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
     p.add_argument("-n", "--max-new-tokens", type=positive_int, default=200)
@@ -60,10 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=finite_float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=seed, default=None, help="makes sampling reproducible")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help="end the completion before this text (repeatable; escapes as the prompt: '\\n\\n' stops at a "
+                        "blank line)")
     p.add_argument("--sliding-window", action="store_true", help="allow prompts/outputs longer than the context")
     p.add_argument("--no-escape", dest="escape", action="store_false",
-                   help="take the prompt and the stdin lines as written: \\n is a backslash and an n")
+                   help="take the prompt, the stop strings and the stdin lines as written: \\n is a backslash and "
+                        "an n")
     p.add_argument("--batch-size", type=positive_int, default=16, help="stdin lines completed together")
     add_weights(p)
     add_device(p)
@@ -174,6 +177,8 @@ def _unescape(line: str) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    if "" in args.stop:
+        raise ValueError("--stop '' would end every completion before it starts: give the text to stop at")
     completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile,
                                    quantize=args.quantize)
     rows = 1 if args.prompt is not None or args.sliding_window else args.batch_size  # a full batch of stdin lines
@@ -198,9 +203,9 @@ def _generate(args: argparse.Namespace) -> int:
 def _complete_all(completer: Completer, args: argparse.Namespace) -> int:
     """The prompt's completion streamed to stdout, or one line for each line of stdin; returns the batch size
     decoded (of the first batch of stdin lines; 0 if there were none)."""
-    kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, seed=args.seed, stop=args.stop)
     read = _unescape if args.escape else str
+    kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed, stop=[read(text) for text in args.stop])
     if args.prompt is not None:
         completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
         sys.stdout.write("\n")
