@@ -28,7 +28,9 @@ def build(impl: str, bias: bool = False, nanogpt_dir: str = ""):
 
     if impl == "qkv":
         from qkv import GPT, preset
+        from qkv.io import keep_freed_memory
 
+        keep_freed_memory()  # as every qkv trainer's start does
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0, bias=bias))
         return model, lambda x, y: F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
     if impl == "nanogpt":  # nanoGPT's own model.py, from a checkout of karpathy/nanoGPT (not part of qkv)

@@ -56,6 +56,9 @@ def build(impl: str):
     if impl == "qkv":
         from qkv import ModelConfig, Transformer
         from qkv.training.losses import label_smoothed_nll
+        from qkv.io import keep_freed_memory
+
+        keep_freed_memory()  # as every qkv trainer's start does
 
         cfg = ModelConfig(vocab_size=VOCAB, d_model=D, n_heads=HEADS, d_ff=FF, n_layers=LAYERS, dropout=0.1, max_len=256)
         model = Transformer(cfg)

@@ -1,6 +1,10 @@
 """qkv.io: what every part needs from the outside world."""
 
 import platform
+import subprocess
+import sys
+
+import pytest
 
 from qkv.io import cpu_identity
 
@@ -23,3 +27,31 @@ def test_two_cpus_a_virtual_machine_names_alike_are_told_apart(tmp_path):
     assert identities[1].startswith("Intel(R) Xeon(R) Processor (") and identities[0] != identities[1]
     # Without Linux's files: the name the platform gives.
     assert cpu_identity(tmp_path / "none", tmp_path / "none") == (platform.processor() or platform.machine())
+
+
+_FREED = """
+import os, sys, torch
+from qkv.io import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+elif sys.argv[1] == "start":  # every trainer starts through this
+    from qkv.training.loop import start
+    from qkv.training.train_mt import MTTrainConfig
+    start(MTTrainConfig())
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+before = resident()
+x = torch.ones(64 << 20)  # 256 MB, written: resident
+del x
+print((resident() - before) >> 20)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_a_freed_tensor_s_memory_is_kept_for_the_next_one_once_training_starts():
+    """glibc hands a freed 256 MB tensor back to the kernel (the next one faults its pages in again);
+    with keep_freed_memory, as every trainer's start sets it, the memory stays for reuse."""
+    kept = {mode: int(subprocess.run([sys.executable, "-c", _FREED, mode], capture_output=True, text=True,
+                                     check=True).stdout) for mode in ("none", "keep", "start")}
+    assert kept["none"] < 64 and kept["keep"] > 192 and kept["start"] > 192, kept

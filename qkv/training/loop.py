@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from qkv.config import ConfigError, to_dict
-from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, resolve_device
+from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, keep_freed_memory, resolve_device
 from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
 from qkv.training import distributed
@@ -176,7 +176,8 @@ def start(cfg: LoopConfig, group: Any = None) -> Runtime:
     """Set the threads and seed every generator (torch, Python, NumPy) from ``cfg``; resolve device and precision.
 
     Under torchrun the process joins its group here (gloo on CPUs, nccl on GPUs) and takes its own GPU.
-    On CUDA, float32 matrix products may use TF32 (as the bf16 autocast, a precision for speed).
+    On CUDA, float32 matrix products may use TF32 (as the bf16 autocast, a precision for speed). The C
+    allocator keeps freed memory for the next step's tensors (:func:`qkv.io.keep_freed_memory`).
 
     Args:
         cfg: The recipe's ``train:`` section.
@@ -194,6 +195,7 @@ def start(cfg: LoopConfig, group: Any = None) -> Runtime:
         group = distributed.join(device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     torch.manual_seed(cfg.seed)
