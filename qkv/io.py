@@ -337,8 +337,8 @@ def keep_freed_memory() -> bool:
     (tokens x vocabulary) scores of the loss (70 MB for a Multi30K batch), pays each time for fresh
     pages that the kernel must fault in and zero. Keeping those blocks in the heap is what preloading
     jemalloc or tcmalloc does, as PyTorch's CPU performance guide advises; this gets it from glibc
-    itself, with no library to install: a Table 3 training step 7% faster (docs/BENCHMARKS.md, "The
-    allocator"). The price: a process's resident memory stays near its peak rather than shrinking
+    itself, with no library to install: a Table 3 training step takes 7% less time (docs/BENCHMARKS.md,
+    "The allocator"). The price: a process's resident memory stays near its peak rather than shrinking
     between steps, which a training process reaches at every step anyway.
 
     Returns:

@@ -25,6 +25,7 @@ from qkv.models.transformer import Transformer
 from qkv.modules.attention import scaled_dot_product_attention
 from qkv.training.lm_run import LMRecipe
 from qkv.training.logging import read_metrics
+from qkv.training.losses import label_smoothed_nll
 from qkv.training.train_lm import train_lm
 from qkv.training.train_mt import MTRecipe
 from qkv.training.train_mt import train as train_mt
@@ -69,6 +70,24 @@ def test_gpu_logits_equal_cpu_logits_in_fp32(exact_fp32):
         tgt = torch.randint(4, 24, (6, 7))
         cpu = model(src, tgt)
         torch.testing.assert_close(model.cuda()(src.cuda(), tgt.cuda()).cpu(), cpu, atol=1e-4, rtol=0)
+
+
+def test_the_loss_and_its_written_gradient_equal_the_cpu_s():
+    # The backward pass zeroes ignored rows by a mask on CUDA and by index on a CPU.
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(40, 300, generator=g) * 3
+    targets = torch.randint(1, 300, (40,), generator=g)
+    targets[::3] = PAD
+    scores[targets == PAD] = float("inf")  # an ignored row's scores reach neither the loss nor the gradient
+    results = []
+    for device in ("cpu", "cuda"):
+        x = scores.to(device).requires_grad_(True)
+        out = label_smoothed_nll(x, targets.to(device), smoothing=0.1, ignore_index=PAD)
+        out.loss.backward()
+        results.append((out.loss.cpu(), out.nll.cpu(), x.grad.cpu()))
+    for cpu, cuda in zip(*results):
+        torch.testing.assert_close(cuda, cpu, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(results[1][2]).all()
 
 
 def test_fused_attention_equals_explicit_under_bf16_autocast():

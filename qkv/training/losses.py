@@ -107,10 +107,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         # p - q, where q = eps / V everywhere plus 1 - eps on the gold token; a new tensor, so that a
         # second backward (retain_graph) finds p unchanged.
         grad = (p - eps / p.size(1)).scatter_add_(1, gold.unsqueeze(1), -q_gold)  # (N, V)
-        # An ignored row's gradient is zero, whatever its scores (a product with 0 would keep a NaN);
-        # set by index, since ignored rows are few and a mask over (N, V) costs a pass.
-        ignored = (~keep).nonzero().squeeze(1)  # (n_ignored,)
-        return grad.mul_(grad_loss).index_fill_(0, ignored, 0.0), None, None, None
+        # An ignored row's gradient is zero, whatever its scores (a product with 0 would keep a NaN). On
+        # a CPU by index, since ignored rows are few and a mask over (N, V) costs a pass; on a GPU the
+        # pass costs less than the host sync that finding the rows takes.
+        grad.mul_(grad_loss)
+        if grad.is_cuda:
+            return grad.masked_fill_(~keep.unsqueeze(1), 0.0), None, None, None
+        return grad.index_fill_(0, (~keep).nonzero().squeeze(1), 0.0), None, None, None
 
 
 def masked_nll(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor) -> TokenLoss:
