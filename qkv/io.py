@@ -339,7 +339,8 @@ def keep_freed_memory() -> bool:
     jemalloc or tcmalloc does, as PyTorch's CPU performance guide advises; this gets it from glibc
     itself, with no library to install: a Table 3 training step takes 7% less time (docs/BENCHMARKS.md,
     "The allocator"). The price: a process's resident memory stays near its peak rather than shrinking
-    between steps, which a training process reaches at every step anyway.
+    between steps, which a training process reaches at every step anyway. Every trainer's ``start``
+    calls it, and so does ``qkv eval lm``; decoding does not (its tensors are small: no gain measured).
 
     Returns:
         Whether the settings took: False on other systems and C libraries, where nothing changes.

@@ -113,10 +113,13 @@ def test_generate_rejects_bad_arguments_with_a_message(run, capsys):
     assert "--stop '' would end every completion" in capsys.readouterr().err
 
 
-def test_eval_lm_prints_loss_and_perplexity(run, capsys):
+def test_eval_lm_prints_loss_and_perplexity(run, capsys, monkeypatch):
+    kept = []
+    monkeypatch.setattr("qkv.cli.lm.keep_freed_memory", lambda: kept.append(True))  # scores as a trainer does
     assert qkv.cli.main(["eval", "lm", "--run", str(run), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ppl"] == pytest.approx(2.718281828 ** out["loss"], rel=1e-6) and out["tokens"] > 100
+    assert kept == [True]
 
 
 def test_finetune_reports_a_malformed_file_by_line(run, tmp_path, capsys):

@@ -29,7 +29,7 @@ from qkv.data.sft import load_pairs
 from qkv.evaluation.perplexity import evaluate_tokens
 from qkv.generation.completer import Completer
 from qkv.generation.precompiled import BACKGROUND_ENV, background_build, build_in_background, package_path
-from qkv.io import read_text_file
+from qkv.io import keep_freed_memory, read_text_file
 from qkv.runs import Run, load_model, require_arch
 from qkv.training.finetune import FinetuneRecipe, finetune
 from qkv.training.lm_run import convert_gpt2_run, load_run_recipe
@@ -306,6 +306,7 @@ def _eval_lm(args: argparse.Namespace) -> int:
         train, valid = load_splits(path, recipe.data.valid_fraction)
         tokens = valid if args.split == "valid" else train
         what = f"{recipe.data.path or recipe.data.corpus} ({args.split})"
+    keep_freed_memory()  # batch after batch of (windows x context x vocabulary) scores, as in training
     out = evaluate_tokens(model, tokens, recipe.context, args.batch_size, args.max_windows)
     if args.json:
         print(json.dumps({"run": args.run, "data": what, **out}))
