@@ -35,7 +35,7 @@ ALLOWED = {
     "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
     "export": {"runs", "models", "tokenizers"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
-    "experiments": {"runs", "data", "evaluation", "generation", "training"},
+    "experiments": {"runs", "data", "evaluation", "generation", "interpret", "training"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
             "training", "demo", "experiments", "export"},
 }

@@ -1,9 +1,14 @@
 """The ``qkv explore`` command: serve the attention explorer, or export it as one HTML file.
 
-    qkv explore                                  figures 1-5 on http://127.0.0.1:8765/
-    qkv explore --run runs/mt --text "Hello"     plus figure 6: the run's own attention maps
+    qkv explore                                  the figures on http://127.0.0.1:8765/ (Chinese or English,
+                                                 as the browser prefers; a button switches)
+    qkv explore --lang en                        ... in English for a reader who has not chosen
+    qkv explore --run runs/demo --text "小明累了，他想睡觉。"
+                                                 plus the run's own attention maps, its encoder-decoder
+                                                 sizes and its step-by-step translation (a GPT run: its
+                                                 practice problems)
     qkv explore --export page.html               one self-contained file (works from file://)
-    qkv explore --run runs/mt --text "Hello" --export page.html
+    qkv explore --run runs/demo --text "小明累了，他想睡觉。" --export page.html
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from qkv.interpret import model_maps, traces
 from qkv.interpret.explorer.export import export_page
+from qkv.interpret.explorer.language import LANGS
 from qkv.interpret.explorer.payload import AttentionDataError
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
-from qkv.interpret import model_maps
 
 DEFAULT_PORT = 8765
 
@@ -42,7 +48,11 @@ def register(subparsers) -> None:
         "--export", metavar="PAGE.html", help="write one self-contained HTML file instead of serving"
     )
     p.add_argument(
-        "--text", help="text figure 6 starts with; with --run --export, the text whose maps are embedded"
+        "--text", help="text the model figures start with; with --run --export, the text whose maps are embedded"
+    )
+    p.add_argument(
+        "--lang", choices=LANGS, help="the page's language for a reader who has not chosen one "
+        "(default: the browser's; the page's button switches and remembers)"
     )
     p.set_defaults(func=run)
 
@@ -58,6 +68,15 @@ def _load_provider(run_dir: str):
         raise LookupError(f"--run {run_dir}: no such directory")
     try:
         return model_maps.make_attention_provider(run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        raise LookupError(f"--run {run_dir}: {err}") from None
+
+
+def _load_traces(run_dir: str):
+    """The run's ``text -> trace`` function and its kind (qkv.interpret.traces), and its sizes."""
+    try:
+        provide, kind = traces.make_trace_provider(run_dir)
+        return provide, kind, traces.model_sizes(run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise LookupError(f"--run {run_dir}: {err}") from None
 
@@ -85,12 +104,18 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as err:
                 return _error(f"the model could not read --text: {err}")
         try:
-            out = export_page(args.export, data)
+            out = export_page(args.export, data, lang=args.lang)
         except (OSError, AttentionDataError) as err:
             return _error(str(err))
         print(out)
         return 0
 
+    trace_provider = trace_kind = sizes = None
+    if args.run:
+        try:
+            trace_provider, trace_kind, sizes = _load_traces(args.run)
+        except LookupError as err:
+            return _error(str(err))
     try:
         return serve(
             args.host,
@@ -98,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
             provider,
             default_text=args.text or "",
             model_name=str(args.run) if args.run else None,
+            trace_provider=trace_provider,
+            trace_kind=trace_kind,
+            model_sizes=sizes,
+            default_lang=args.lang,
         )
     except OSError as err:
         hint = " (pass --port 0 to pick a free port)" if args.port else ""

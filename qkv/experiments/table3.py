@@ -15,13 +15,15 @@ depth...), so the two tables line up row by row.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from qkv.experiments.grid import Variant, spread
+from qkv.experiments.grid import Variant, read_results, spread
+from qkv.interpret.explorer.constants import STATIC_DIR
 from qkv.io import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
 from qkv.training.logging import read_metrics
@@ -362,5 +364,40 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], ou
     return [md]
 
 
-__all__ = ["BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "table",
+# The rows the explorer's multi-head figure shows beside the paper's (the first article's claims: one head
+# loses 0.9 BLEU, too many heads lose too, learned positions tie), and the file it reads them from.
+EXPLORER_ROWS = (("base", "base"), ("A", "h=1"), ("A", "h=2"), ("A", "h=8"), ("A", "h=16"), ("E", "learned"))
+EXPLORER_FILE = STATIC_DIR / "table3.js"
+
+
+def explorer_table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> dict[str, Any]:
+    """``EXPLORER_ROWS`` of :func:`table`, as the explorer's multi-head figure draws them."""
+    rows = {(r["row"], r["label"]): r for r in table(results, grid)}
+    base_paper = PAPER["base"]["bleu"]
+    out = []
+    for key in EXPLORER_ROWS:
+        r = rows[key]
+        paper = r["paper"] or {}
+        out.append({
+            "row": r["row"], "label": r["label"], "seeds": r["seeds"],
+            "bleu": round(r["bleu"], 4), "bleu_sd": round(r["bleu_sd"], 4),
+            "bleu_delta": round(r["bleu_delta"], 4) if "bleu_delta" in r else None,
+            "bleu_delta_sd": round(r["bleu_delta_sd"], 4) if "bleu_delta_sd" in r else None,
+            "paired": r.get("paired"), "paper_row": r["paper_row"], "paper_bleu": paper.get("bleu"),
+            "paper_delta": round(paper["bleu"] - base_paper, 1) if "bleu" in paper else None,
+        })
+    return {"rows": out, "steps": _budget(results)}
+
+
+def write_explorer_table(results_dir: str | Path, path: Path = EXPLORER_FILE) -> Path:
+    """The explorer's ``static/table3.js`` from a results folder (docs/results/table3)."""
+    grid = variants()
+    data = explorer_table(read_results(results_dir, grid), grid)
+    body = json.dumps(data, ensure_ascii=False, indent=1)
+    return write_text(path, "/*\n * table3.js: qkv's rows (A) and (E) of Table 3 beside the paper's, for the explorer's "
+                      "multi-head figure.\n * Written by qkv.experiments.table3.write_explorer_table('docs/results/table3'); "
+                      "strict JSON below.\n */\nglobalThis.QKVTable3 = " + body + ";\n")
+
+
+__all__ = ["EXPLORER_ROWS", "explorer_table", "write_explorer_table", "BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "table",
            "paired_deltas", "against", "markdown", "plot", "write_report", "base_overrides"]

@@ -25,7 +25,7 @@ from qkv.runs import Run, load_model
 
 
 
-def _token_strings(tokenizer, ids: list[int]) -> list[str]:
+def token_strings(tokenizer, ids: list[int]) -> list[str]:
     out = []
     for i in ids:
         tok = tokenizer.id_to_token(int(i))
@@ -66,8 +66,8 @@ def translation_maps(translator, text: str, beam: int = 1) -> dict:
     tgt_in = torch.tensor([read], device=translator.device)
     with evaluating(model), capture_attention(model) as maps:
         model(src, tgt_in)
-    src_tokens = _token_strings(tok, src_ids)
-    read_tokens, produced_tokens = _token_strings(tok, read), _token_strings(tok, produced)
+    src_tokens = token_strings(tok, src_ids)
+    read_tokens, produced_tokens = token_strings(tok, read), token_strings(tok, produced)
     return {
         "text": text, "output": output, "model_name": "encoder-decoder",
         "maps": _maps_list(maps, {
@@ -91,7 +91,7 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
     seq = ids + new
     with capture_attention(model) as maps:
         model(torch.tensor([seq], device=model_device(model)))
-    tokens = _token_strings(tokenizer, seq)
+    tokens = token_strings(tokenizer, seq)
     return {"text": text, "output": tokenizer.decode(new), "model_name": "GPT",
             "maps": _maps_list(maps, {"self": (tokens, tokens)})}
 
@@ -104,17 +104,17 @@ def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens
         translator = Translator.from_run(run, device=device)
 
         def provide(text: str) -> dict:
-            return translation_maps(translator, _checked_text(text), beam)
+            return translation_maps(translator, checked_text(text), beam)
     else:
         model, tokenizer = load_model(run, device=device)
 
         def provide(text: str) -> dict:
-            return completion_maps(model, tokenizer, _checked_text(text), max_new_tokens)
+            return completion_maps(model, tokenizer, checked_text(text), max_new_tokens)
 
     return provide
 
 
-def _checked_text(text: str) -> str:
+def checked_text(text: str) -> str:
     """``text`` as the maps are made of it: within the explorer's limit, not blank, and encodable (lone
     surrogates, which a JSON escape can carry, become U+FFFD: the payload echoes the text as UTF-8)."""
     if len(text) > MAX_TEXT_CHARS:

@@ -6,6 +6,7 @@ test-artifacts/explorer/ for a human to look at.
 """
 
 import io
+import math
 import os
 import threading
 from pathlib import Path
@@ -142,10 +143,15 @@ def watch(browser, server):
     assert all(u.startswith(("http://127.0.0.1:", "file://")) for u in w.requests), w.requests
 
 
-def open_page(w: Watched, url: str | None = None):
-    # goto waits for the load event, after the page's scripts ran. (wait_for_function would need
-    # eval, which the page's Content-Security-Policy forbids, as it should.)
-    w.page.goto(url or w.origin + "/")
+def open_page(w: Watched, url: str | None = None, lang: str | None = "en"):
+    """Open the page (in ``lang`` by its address, or as the browser would choose with None) and wait
+    until every figure is drawn: <html data-ready> (wait_for_function would need eval, which the
+    page's Content-Security-Policy forbids, as it should)."""
+    url = url or w.origin + "/"
+    if lang:
+        url += ("&" if "?" in url else "?") + "lang=" + lang
+    w.page.goto(url)
+    w.page.wait_for_selector("html[data-ready]", state="attached")
     assert w.page.evaluate("window.QKVExplorer && window.QKVExplorer.ready") is True
     return w.page
 
@@ -200,6 +206,8 @@ def test_js_formulas_match_python(watched):
           out.words = swaps.map(([i, j]) => [false, true].map(pe =>
               F.wordOrderOutputs(F.swapped([0, 1, 2, 3, 4], i, j), pe)));
           out.change = swaps.map(([i, j]) => [F.wordOrderChange(i, j, false), F.wordOrderChange(i, j, true)]);
+          out.steps = F.stepsPerTurn();
+          out.cost = [1, 10, 1000].map(n => F.tableCost(n, 48));
           out.rounded = [[1/3, 1/3, 1/3], [0.8462, 0.0091, 0.1189, 0.0069, 0.0189],
                          F.figure2(10, 64).unscaled].map(w => F.roundPercents(w, 1));
           return out;
@@ -235,6 +243,8 @@ def test_js_formulas_match_python(watched):
     close(js["pe"], [F.sinusoidal_pe(p) for p in (0, 1, 37, 100)])
     close(js["angles"], [F.clock_angles(p) for p in (0, 5, 99)])
     close(js["shift"], [F.shift_angles(k) for k in (1, 7, 20)])
+    close(js["steps"], F.steps_per_turn())
+    assert js["cost"] == [F.table_cost(n, 48) for n in (1, 10, 1000)]
     for (i, j), got in zip(swaps, js["words"]):
         for pe, out in zip((False, True), got):
             close(out, F.word_order_outputs(F.swapped(range(5), i, j), pe))
@@ -259,12 +269,12 @@ def test_dragging_the_query_changes_weights_that_still_sum_to_100(watched):
     assert before[0] == max(before)  # 小明 leads by default
     np.testing.assert_allclose(dom_weights(page), F.figure1()["weights"], atol=1e-6)
 
-    drag_tip_to(page, [-1.6, 0.9])  # point the query at 想
+    drag_tip_to(page, [2.0, -0.3])  # point the query at 想
     after = percents(page)
     assert after != before and round(sum(after), 1) == 100.0
     assert after[3] == max(after)
     q = np.array(page.evaluate("window.QKVExplorer.fig1.getQuery()"))
-    np.testing.assert_allclose(q, [-1.6, 0.9], atol=0.1)  # the tip followed the mouse
+    np.testing.assert_allclose(q, [2.0, -0.3], atol=0.1)  # the tip followed the mouse
     ref = F.figure1(q)
     np.testing.assert_allclose(dom_weights(page), ref["weights"], atol=1e-6)
     out = page.get_by_test_id("fig1-output")
@@ -286,7 +296,9 @@ def test_query_handle_is_keyboard_accessible(watched):
     page.get_by_test_id("fig1-handle").focus()
     for _ in range(5):
         page.keyboard.press("ArrowLeft")
-    np.testing.assert_allclose(page.evaluate("window.QKVExplorer.fig1.getQuery()"), [1.9, 1.4], atol=1e-9)
+    np.testing.assert_allclose(page.evaluate("window.QKVExplorer.fig1.getQuery()"), F.FIG1_QUERY + [-0.5, 0], atol=1e-9)
+    page.locator("#fig1-reset").click()  # back to x(他)W^Q
+    np.testing.assert_allclose(page.evaluate("window.QKVExplorer.fig1.getQuery()"), F.FIG1_QUERY, atol=1e-12)
 
 
 def test_dk_slider_and_resample(watched):
@@ -297,7 +309,7 @@ def test_dk_slider_and_resample(watched):
     assert page.locator("#fig2-dk-val").text_content() == "64"
     assert top() >= 0.99 and top("scaled") <= 0.5
     shown = page.get_by_test_id("fig2-max-unscaled").text_content()
-    assert shown == f"{100 * F.figure2(10, 64)['max_unscaled']:.2f}%"
+    assert shown == f"{100 * F.figure2(F.FIG2_DEFAULT_SEED, 64)['max_unscaled']:.1f}%"
 
     page.locator("#fig2-dk").fill("1")
     assert page.locator("#fig2-dk-val").text_content() == "2"
@@ -344,6 +356,8 @@ def test_clock_turns_do_not_depend_on_position(watched):
         angles = page.eval_on_selector_all("#fig5-clocks .hand", "els => els.map(e => e.dataset.angle)")
         hands.append([float(x) for x in angles])
     np.testing.assert_allclose(turns[0], F.shift_angles(4), atol=1e-9)
+    steps = [float(x.get_attribute("data-steps")) for x in page.get_by_test_id("fig5-steps").all()]
+    np.testing.assert_allclose(steps, F.steps_per_turn(), rtol=1e-9)
     assert turns[0] == turns[1] == turns[2]
     assert hands[0] != hands[1] != hands[2]
     np.testing.assert_allclose(hands[1], F.clock_angles(37), atol=1e-6)
@@ -620,53 +634,346 @@ def test_exported_page_works_from_file_url(watched, tmp_path, artifacts):
     assert "--run DIR to see your model" in page.get_by_test_id("fig6-body").text_content()
 
 
-def glyph_pixels(page, selector: str, font_family: str | None = None) -> np.ndarray:
-    """The rendered pixels of one element, drawn in ``font_family`` (default: the page's own fonts)."""
+def pixels(png: bytes) -> np.ndarray:
     import matplotlib.image as mpimg
 
-    element = page.locator(selector)
-    if font_family is not None:
-        element.evaluate("(el, family) => { el.style.fontFamily = family; }", font_family)
-    png = element.screenshot()
-    element.evaluate("el => { el.style.fontFamily = ''; }")
     return mpimg.imread(io.BytesIO(png), format="png")
 
 
+# SVG labels and HTML badges with 小明, as a reader sees them first: figure 1's key and value, figure
+# 2's bar, the head's badge, figure 5's scatter.
+FIRST_PAINT_LABELS = [
+    ("#fig1-keys svg text.ptlabel", "k(小明)"),
+    ("#fig1-values svg text.ptlabel", "v(小明)"),
+    ("#fig2-scaled svg text.xlabel", "k(小明)"),
+    ("#fig5-scatter svg text.ptlabel", "小明"),
+    (".sentence .tok.t0", "小明"),
+]
+
+
+def element_with_text(page, selector: str, text: str):
+    return page.locator(selector).filter(has_text=text).first
+
+
+def rendered_in(page, selector: str, text: str, family: str) -> np.ndarray:
+    """The pixels of a copy of the element (its whole SVG or badge copied beside it, so the copy is laid
+    out afresh), drawn in ``family``: the reference for what the element should and should not look like."""
+    copy = element_with_text(page, selector, text).evaluate_handle(
+        """(el, family) => {
+             const root = el.closest('svg') || el;
+             const twin = root.cloneNode(true);
+             twin.style.width = root.getBoundingClientRect().width + 'px';
+             root.parentNode.insertBefore(twin, root.nextSibling);
+             const index = [...root.querySelectorAll('*')].indexOf(el);
+             const same = index < 0 ? twin : twin.querySelectorAll('*')[index];
+             same.style.fontFamily = family;
+             return same;
+           }""", family)
+    png = copy.as_element().screenshot()
+    copy.evaluate("el => (el.closest('svg') || el).remove()")
+    return pixels(png)
+
+
 @pytest.mark.parametrize("where", ["exported", "served"])
-def test_chinese_renders_without_any_cjk_font_installed(watched_without_cjk, tmp_path, artifacts, where):
+def test_chinese_labels_render_at_first_paint_without_any_cjk_font(watched_without_cjk, tmp_path, artifacts, where):
+    """Every label with 小明, as first painted (nothing restyled or resized before it is read), is drawn
+    with the CJK face qkv brings, not as the empty boxes this browser draws without one."""
     w = watched_without_cjk
     url = export_page(tmp_path / "page.html").as_uri() if where == "exported" else None
-    page = open_page(w, url)
-    page.evaluate("document.fonts.ready.then(() => 0)")
+    page = open_page(w, url, lang="zh")
+    first = {}
+    for selector, text in FIRST_PAINT_LABELS:  # read every label before anything on the page changes
+        element = element_with_text(page, selector, text)
+        element.scroll_into_view_if_needed()
+        first[selector] = pixels(element.screenshot())
+    page.locator("#fig1").screenshot(path=str(artifacts / f"fig1-no-cjk-font-{where}.png"))
     faces = page.evaluate("[...document.fonts].map(f => [f.family, f.status])")
     assert ["qkv CJK", "loaded"] in faces, faces
-    seed = ".sentence .tok.t0"  # 小明
-    # This browser has no CJK font: its own fallback draws the same boxes as DejaVu Sans does (up to
-    # antialiasing at the badge's rounded edge: a few pixels by a level or two of 255).
-    tofu = glyph_pixels(page, seed, '"DejaVu Sans"')
-    np.testing.assert_allclose(glyph_pixels(page, seed, "sans-serif"), tofu, atol=0.05, rtol=0)
-    # The page's fonts draw the characters: other pixels than the boxes (by far more than antialiasing),
-    # and those of the font qkv brings.
-    drawn = glyph_pixels(page, seed)
-    assert drawn.shape != tofu.shape or np.abs(drawn - tofu).max() > 0.5
-    np.testing.assert_allclose(glyph_pixels(page, seed, '"qkv CJK"'), drawn, atol=0.05, rtol=0)
-    page.locator("header.page").screenshot(path=str(artifacts / f"header-no-cjk-font-{where}.png"))
+    for selector, text in FIRST_PAINT_LABELS:
+        drawn = first[selector]
+        tofu = rendered_in(page, selector, text, '"DejaVu Sans"')  # this browser's empty boxes
+        right = rendered_in(page, selector, text, '"qkv CJK"')
+        assert drawn.shape == right.shape, selector
+        assert np.abs(drawn - tofu).max() > 0.5 if drawn.shape == tofu.shape else True, f"{selector}: boxes"
+        np.testing.assert_allclose(drawn, right, atol=0.05, rtol=0, err_msg=f"{selector} is not drawn in the CJK face")
     if where == "exported":
         assert all(u.startswith("file://") for u in w.requests)
     else:
         assert any(u.endswith("/cjk.otf") for u in w.requests)
 
 
-def test_screenshots_of_every_figure(watched, artifacts):
-    page = open_page(watched)
-    for i in range(1, 7):
-        page.locator(f"#fig{i}").screenshot(path=str(artifacts / f"fig{i}.png"))
+FIGURES = ["fig1", "fig2", "fig3", "cost", "fig4", "multihead", "fig5", "stack", "teacher", "practice", "fig6"]
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_screenshots_of_every_figure(watched_without_cjk, artifacts, lang):
+    page = open_page(watched_without_cjk, lang=lang)
+    assert page.evaluate("document.documentElement.lang") == {"zh": "zh-CN", "en": "en"}[lang]
+    for name in FIGURES:
+        page.locator(f"#{name}").screenshot(path=str(artifacts / f"{lang}-{name}.png"))
+    page.locator("header.page").screenshot(path=str(artifacts / f"{lang}-header.png"))
     page.locator("#fig5-pe").check()
-    page.locator("#fig5").screenshot(path=str(artifacts / "fig5-pe.png"))
+    page.locator("#fig5").screenshot(path=str(artifacts / f"{lang}-fig5-pe.png"))
+    page.locator("[data-box=ffn]").first.click()
+    page.locator("#stack").screenshot(path=str(artifacts / f"{lang}-stack-ffn.png"))
+    for _ in range(5):
+        page.get_by_test_id("teacher-next").click()
+    page.locator("#teacher").screenshot(path=str(artifacts / f"{lang}-teacher-step5.png"))
     page.set_viewport_size({"width": 420, "height": 900})
-    page.locator("#fig1").screenshot(path=str(artifacts / "fig1-narrow.png"))
-    page.locator("#fig3").screenshot(path=str(artifacts / "fig3-narrow.png"))
-    sizes = {p.name: p.stat().st_size for p in artifacts.glob("*.png")}
+    for name in ("fig1", "fig3", "stack", "teacher"):
+        page.locator(f"#{name}").screenshot(path=str(artifacts / f"{lang}-{name}-narrow.png"))
+    sizes = {p.name: p.stat().st_size for p in artifacts.glob(f"{lang}-*.png")}
     assert all(size > 5000 for size in sizes.values()), sizes
     # Nothing sticks out of the page horizontally on a phone-sized screen.
     assert page.evaluate("document.documentElement.scrollWidth") <= 420
+
+
+# ---------------------------------------------------------------- the articles' numbers, in both languages
+
+
+def svg_percents(page, selector: str) -> list[float]:
+    return [float(t.rstrip("%")) for t in page.locator(selector).all_text_contents() if t]
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_articles_numbers_are_on_the_page(watched, lang):
+    page = open_page(watched, lang=lang)
+    # Figure 1 opens at 57% on 小明 (the first article's number).
+    assert percents(page)[0] == 57.0
+    # Figure 3's row 3 is figure 1's 他: the same 57.0% on 小明, the same weights.
+    assert page.get_by_test_id("fig3-cell-2-0").locator(".w").text_content() == "57.0%"
+    row = [float(page.get_by_test_id(f"fig3-cell-2-{j}").locator(".w").text_content().rstrip("%")) for j in range(5)]
+    assert row == percents(page)
+    assert float(page.get_by_test_id("fig3-row-note").get_attribute("data-weight")) == pytest.approx(
+        float(dom_weights(page)[0]), abs=1e-12)
+    assert "57.0%" in page.get_by_test_id("fig3-row-note").text_content()
+    # Figure 2 at d_k = 64: 99% on one key unscaled; 39%, 22%, 16%, ... scaled; sqrt(64) = 8 shown.
+    assert page.locator("#fig2-dk-val").text_content() == "64"
+    assert page.get_by_test_id("fig2-max-unscaled").text_content() == "99.1%"
+    assert sorted(svg_percents(page, "#fig2-scaled text.pctlabel"), reverse=True)[:3] == [39, 22, 16]
+    assert "8.00" in page.get_by_test_id("fig2-spread").text_content()
+    # ... and as d_k grows, the same vectors get more dimensions: the unscaled spike never falls.
+    spikes = []
+    for i in range(1, len(F.FIG2_DK_CHOICES) + 1):
+        page.locator("#fig2-dk").fill(str(i))
+        spikes.append(float(page.get_by_test_id("fig2-max-unscaled").get_attribute("data-value")))
+    assert all(b >= a for a, b in zip(spikes, spikes[1:])) and spikes[-1] > 0.999, spikes
+    # Figure 7's clocks: 6.3 steps a turn for the fastest hand, 19,869 for the slowest.
+    assert page.get_by_test_id("fig5-fastest").text_content() == "6.3"
+    assert page.get_by_test_id("fig5-slowest").text_content() == "19,869"
+    # The table's cost: n^2 scores, 4 bytes each.
+    page.locator("#cost-n").fill("1000")
+    assert page.get_by_test_id("cost-one").get_attribute("data-scores") == "1000000"
+    assert "1,000,000" in page.get_by_test_id("cost-one").text_content()
+    # Multi-head at the paper's size: 8 heads of 64; Table 3's rows beside qkv's.
+    assert page.get_by_test_id("multihead-head").count() == 8
+    assert page.get_by_test_id("multihead-split").get_attribute("data-dk") == "64"
+    table = page.get_by_test_id("table3").text_content()
+    for paper in ("24.9", "25.8", "25.7", "−0.9"):
+        assert paper in table
+    page.locator("#multihead-h").fill("0")  # one head of 512
+    assert page.get_by_test_id("multihead-head").count() == 1
+    assert page.get_by_test_id("multihead-split").get_attribute("data-dk") == "512"
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_encoder_decoder_boxes_open_their_explanations(watched, lang):
+    page = open_page(watched, lang=lang)
+    sizes = page.get_by_test_id("stack-sizes")
+    assert sizes.get_attribute("data-d-model") == "512"  # the paper's base, with no model loaded
+    boxes = page.get_by_test_id("stack-box")
+    kinds = set(page.eval_on_selector_all("[data-testid=stack-box]", "els => els.map(e => e.dataset.box)"))
+    assert kinds == {"embed", "self_attn", "masked_attn", "cross_attn", "add_norm", "ffn", "output"}
+    assert boxes.count() == 13  # 4 + 6 sublayers, two embeddings, the output
+    page.locator("[data-box=ffn]").first.click()
+    assert "2048" in page.get_by_test_id("stack-detail-text").text_content()
+    page.locator("[data-box=masked_attn]").click()
+    detail = page.get_by_test_id("stack-detail")
+    assert "−∞" in detail.text_content() and detail.locator("a").get_attribute("href") == "#teacher"
+    page.locator("#stack-which [data-sizes=run]").click()  # the demo model's sizes, from its trace
+    assert sizes.get_attribute("data-d-model") == str(TRACES["teacher"]["model"]["d_model"])
+
+
+from qkv.interpret.explorer.embedded import load as load_traces  # noqa: E402
+
+TRACES = load_traces()
+
+
+def mask_cells(page):
+    return page.eval_on_selector_all("[data-testid=teacher-mask-cell]",
+                                     "els => els.map(e => [+e.dataset.i, +e.dataset.j, e.textContent])")
+
+
+def step_to_the_end(page) -> list[str]:
+    """Press "next token" until <eos>; the tokens the page generated."""
+    import json as _json
+
+    nxt = page.get_by_test_id("teacher-next")
+    while nxt.is_enabled():
+        nxt.click()
+    return _json.loads(page.get_by_test_id("teacher-generated").get_attribute("data-tokens"))
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_training_at_once_then_generating_one_token_at_a_time(watched, lang):
+    page = open_page(watched, lang=lang)
+    tr = TRACES["teacher"]
+    n = len(tr["read"])
+    assert n == 10 and tr["read"][0] == "<bos>" and tr["target"][-1] == "<eos>"  # the article's 10 positions
+    assert tr["read"][1:] == tr["target"][:-1]  # the target shifted right behind <bos>
+    shift = page.get_by_test_id("teacher-shift").text_content()
+    assert "<bos>" in shift and "wants" in shift
+    # The causal mask: -inf above the diagonal before the softmax, exactly 0 after.
+    cells = mask_cells(page)
+    assert len(cells) == n * n
+    assert all((t == "−∞") == (j > i) for i, j, t in cells)
+    page.get_by_test_id("teacher-mask-after").click()
+    cells = mask_cells(page)
+    assert all((t == "0") == (j > i) for i, j, t in cells)
+    weights = page.eval_on_selector_all("[data-testid=teacher-mask-cell]", "els => els.map(e => +e.dataset.weight)")
+    np.testing.assert_allclose(np.array(weights).reshape(n, n).sum(axis=1), 1.0, atol=1e-4)
+    # One teacher-forced pass: ten predictions at once.
+    assert page.get_by_test_id("teacher-pass-row").count() == n
+    # Generating: one token per click, until <eos>, the same tokens the pass predicted.
+    assert page.get_by_test_id("teacher-generated").get_attribute("data-tokens") == "[]"
+    page.get_by_test_id("teacher-next").click()
+    assert page.get_by_test_id("teacher-candidate").count() == len(tr["steps"][0]["top"])
+    assert page.get_by_test_id("teacher-cross").count() == len(tr["source_tokens"])
+    generated = step_to_the_end(page)
+    assert generated == tr["target"]
+    assert tr["output"] in page.get_by_test_id("teacher-done").text_content()
+    page.get_by_test_id("teacher-reset").click()
+    assert page.get_by_test_id("teacher-generated").get_attribute("data-tokens") == "[]"
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_gpt_practice_problems(watched, lang):
+    page = open_page(watched, lang=lang)
+    tr = TRACES["practice"]
+    assert tr["text"] == "今天天气很好"
+    rows = page.get_by_test_id("practice-row")
+    assert rows.count() == len(tr["problems"]) == 5
+    assert rows.nth(1).text_content().startswith("今天 →")  # 今天 -> 天
+    nll = [float(r.get_attribute("data-nll")) for r in rows.all()]
+    np.testing.assert_allclose(nll, [-math.log(p["p"]) for p in tr["problems"]], rtol=1e-4)  # p is kept to 6 decimals
+    assert page.get_by_test_id("practice-mean").text_content() == f"{tr['mean_nll']:.2f}"
+
+
+def test_generation_from_a_run_matches_qkv_translate_greedy(watched, server, mt_run):
+    """With --run, the figure traces the model live; its steps are `qkv translate --beam 1`'s tokens."""
+    from qkv.generation.api import Translator
+    from qkv.interpret.model_maps import token_strings
+    from qkv.interpret.traces import make_trace_provider, model_sizes
+
+    provide, kind = make_trace_provider(mt_run)
+    server.trace_provider, server.trace_kind, server.model_sizes = provide, kind, model_sizes(mt_run)
+    server.attention_provider = fake_provider
+    try:
+        page = open_page(watched)
+        page.get_by_test_id("teacher-pass-row").first.wait_for()
+        tr = Translator.from_run(mt_run, device="cpu")
+        text = "小明累了，他想睡觉。"  # the text the figure starts with (the embedded trace's)
+        expected = token_strings(tr.tokenizer, tr.tokenizer.encode(tr.translate(text, beam=1))) + ["<eos>"]
+        assert step_to_the_end(page) == expected
+        assert page.get_by_test_id("stack-sizes").get_attribute("data-d-model") == "16"  # the run's, shown first
+    finally:
+        server.trace_provider = server.trace_kind = server.model_sizes = server.attention_provider = None
+
+
+def test_practice_problems_from_a_gpt_run(watched, server, gpt_run):
+    from playwright.sync_api import expect
+
+    from qkv.interpret.traces import make_trace_provider
+
+    provide, kind = make_trace_provider(gpt_run)
+    server.trace_provider, server.trace_kind = provide, kind
+    try:
+        page = open_page(watched)
+        rows = page.get_by_test_id("practice-row")
+        rows.first.wait_for()
+        page.locator("#practice .trace-text").fill("Xiaoming is tired")
+        page.locator("#practice button.primary").click()
+        expected = provide("Xiaoming is tired")
+        expect(rows).to_have_count(len(expected["problems"]))
+        expect(rows.first).to_contain_text(expected["problems"][0]["prefix"][0])
+        nll = [float(r.get_attribute("data-nll")) for r in rows.all()]
+        np.testing.assert_allclose(nll, [p["nll"] for p in expected["problems"]], atol=1e-6)
+    finally:
+        server.trace_provider = server.trace_kind = None
+
+
+# ---------------------------------------------------------------- one catalog, two languages
+
+
+def visible_text(page) -> str:
+    """What a reader sees: the rendered text of the page, SVG labels, and the options of its lists."""
+    return page.evaluate("""() => [document.body.innerText,
+        ...[...document.querySelectorAll('svg text')].map(t => t.textContent),
+        ...[...document.querySelectorAll('[aria-label]')].map(e => e.getAttribute('aria-label')),
+        ...[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))].join('\\n')""")
+
+
+def test_no_visible_string_outside_the_catalog(watched):
+    """In Chinese, every Latin word on the page comes from the Chinese catalog or the data; in English,
+    every Chinese run comes from the English catalog or the data (tokens, traces). A string written in
+    the code instead of the catalog shows up in the other language and fails this."""
+    import json as _json
+    import re
+
+    from qkv.interpret.explorer.language import CATALOG
+
+    data = _json.dumps(TRACES, ensure_ascii=False) + "".join(F.TOKENS) + "KB MB GB TB"
+    for lang, word in (("zh", r"[A-Za-z]{2,}"), ("en", r"[\u2e80-\u9fff\uff00-\uffef]+")):
+        page = open_page(watched, lang=lang)
+        page.locator("[data-box=cross_attn]").click()
+        page.get_by_test_id("teacher-next").click()
+        pool = re.sub(r"<[^>]+>", "", " ".join(CATALOG[lang].values())) + data  # the text of its markup
+        stray = {w for w in re.findall(word, visible_text(page)) if w not in pool}
+        assert not stray, f"{lang}: not in the catalog: {sorted(stray)[:20]}"
+
+
+def test_the_language_follows_the_browser_and_the_toggle_persists(browser, server):
+    for locale, lang in (("zh-CN", "zh"), ("en-GB", "en"), ("fr-FR", "zh")):
+        ctx = browser.new_context(locale=locale)
+        page = ctx.new_page()
+        page.goto(server.url)
+        page.wait_for_selector("html[data-ready]", state="attached")
+        assert page.evaluate("window.QKVExplorer.lang") == lang, locale
+        ctx.close()
+    ctx = browser.new_context(locale="en-US")
+    page = ctx.new_page()
+    page.goto(server.url)
+    page.wait_for_selector("html[data-ready]", state="attached")
+    toggle = page.get_by_test_id("lang-toggle")
+    assert toggle.text_content() == "中文"
+    toggle.click()
+    page.wait_for_url("**lang=zh**")
+    page.wait_for_selector("html[data-ready]", state="attached")
+    assert page.evaluate("window.QKVExplorer.lang") == "zh"
+    assert page.locator("#fig1-title").text_content().endswith("查询去找键")
+    page.goto(server.url)  # no ?lang: the reader's choice is remembered
+    page.wait_for_selector("html[data-ready]", state="attached")
+    assert page.evaluate("window.QKVExplorer.lang") == "zh"
+    ctx.close()
+    # `qkv explore --lang en`: the default for a reader who has not chosen.
+    server.default_lang = "en"
+    try:
+        ctx = browser.new_context(locale="zh-CN")
+        page = ctx.new_page()
+        page.goto(server.url)
+        page.wait_for_selector("html[data-ready]", state="attached")
+        assert page.evaluate("window.QKVExplorer.lang") == "en"
+        ctx.close()
+    finally:
+        server.default_lang = None
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_exported_page_in_each_language_works_from_file_url(watched, tmp_path, lang):
+    out = export_page(tmp_path / f"{lang}.html", lang=lang)
+    page = open_page(watched, out.as_uri(), lang=None)
+    assert page.evaluate("window.QKVExplorer.lang") == lang
+    assert percents(page)[0] == 57.0
+    assert step_to_the_end(page) == TRACES["teacher"]["target"]
+    assert page.get_by_test_id("practice-row").count() == 5
+    assert all(u.startswith("file://") for u in watched.requests)

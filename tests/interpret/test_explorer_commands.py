@@ -97,3 +97,13 @@ def test_export_a_real_run_embeds_output_kinds_and_layers(mt_run, tmp_path, caps
     assert [(m["kind"], m["layer"]) for m in data["maps"]] == [
         (k, layer) for k in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
     ]
+
+
+def test_lang_is_checked_and_written_into_the_export(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse("--lang", "fr")
+    assert "invalid choice: 'fr'" in capsys.readouterr().err
+    out = tmp_path / "en.html"
+    args = parse("--export", str(out), "--lang", "en")
+    assert args.func(args) == 0
+    assert 'data-default-lang="en"' in out.read_text(encoding="utf-8")

@@ -44,12 +44,31 @@ def test_mulberry32_uniform_and_gaussians_standard():
 # ---------------------------------------------------------------- figure 1
 
 
-def test_figure1_default_query_points_at_xiaoming():
+def test_figure1_default_query_points_at_xiaoming_with_the_articles_57_percent():
     r = F.figure1()
     assert F.TOKENS[int(np.argmax(r["weights"]))] == "小明"
-    assert 0.6 < r["weights"].max() < 0.95  # clear, yet not saturated: dragging has room both ways
+    assert F.round_percents(r["weights"], 1)[0] == 57.0  # the first article: 小明 gets 57%
     np.testing.assert_allclose(r["weights"].sum(), 1.0, atol=1e-12)
     np.testing.assert_allclose(r["scores"], F.FIG1_KEYS @ F.FIG1_QUERY / math.sqrt(2))
+    # 他's own value lies near the origin; the output is pulled to 小明's value, inside the hull.
+    he = F.QUERY_TOKEN
+    assert np.linalg.norm(F.FIG1_VALUES[he]) < 0.25
+    dists = np.linalg.norm(F.FIG1_VALUES - r["output"], axis=1)
+    assert int(np.argmin(dists)) == 0
+    assert F.in_convex_hull(r["output"], F.convex_hull(F.FIG1_VALUES))
+
+
+def test_one_toy_world_figure3_row_3_is_figure1s_he():
+    """Figures 1 and 3 share the embeddings and projections: row 3 of the table is figure 1's 他."""
+    fig3 = F.figure3()
+    he = F.QUERY_TOKEN
+    assert he == 2 and F.TOKENS[he] == "他"
+    np.testing.assert_allclose(fig3["Q"][he], F.FIG1_QUERY, atol=1e-12)
+    np.testing.assert_allclose(fig3["K"], F.FIG1_KEYS, atol=1e-12)
+    np.testing.assert_allclose(fig3["weights"][he], F.figure1()["weights"], atol=1e-12)
+    # Figure 4's head 1 values are figure 1's values of 小明 and 累了.
+    np.testing.assert_allclose(F.FIG4_HEAD_VALUES[0], F.FIG1_VALUES[:2], atol=1e-12)
+    np.testing.assert_allclose(F.FIG4_ONE_HEAD_VALUES, F.FIG1_VALUES[:2], atol=1e-12)
 
 
 def test_figure1_output_never_leaves_hull_of_values():
@@ -84,12 +103,29 @@ def test_clamp_norm():
 # ---------------------------------------------------------------- figure 2
 
 
-def test_figure2_default_seed_unscaled_saturates_scaled_spread_at_dk64():
+def test_figure2_default_draw_gives_the_articles_numbers_at_dk64():
     r = F.figure2(F.FIG2_DEFAULT_SEED, 64)
-    assert r["max_unscaled"] >= 0.99  # "about 99% on one token"
-    assert r["max_scaled"] <= 0.5  # the scaled one stays spread
+    assert r["max_unscaled"] >= 0.99  # the article: 99% on one key, unscaled
+    top3 = sorted(r["scaled"], reverse=True)[:3]
+    assert [round(100 * w) for w in top3] == [39, 22, 16]  # the article: 39%, 22%, 16%, ... scaled
+    assert int(np.argmax(r["scaled"])) == int(np.argmax(r["unscaled"]))  # the same key leads both
+    assert r["expected_std"] == 8.0  # sqrt(64)
     np.testing.assert_allclose(r["unscaled"].sum(), 1.0, atol=1e-12)
     np.testing.assert_allclose(r["scaled"].sum(), 1.0, atol=1e-12)
+    # The keys are named by tokens; the leading one is 小明.
+    assert F.TOKENS[F.FIG2_KEY_TOKENS[int(np.argmax(r["scaled"]))]] == "小明"
+
+
+def test_figure2_a_larger_dk_grows_the_same_vectors_and_the_spike_never_falls():
+    previous = None
+    for d in F.FIG2_DK_CHOICES:
+        q, k = F.random_qk(F.FIG2_DEFAULT_SEED, d)
+        if previous is not None:
+            np.testing.assert_array_equal(q[: len(previous[0])], previous[0])  # the same vectors, more dims
+            np.testing.assert_array_equal(k[:, : previous[1].shape[1]], previous[1])
+        previous = (q, k)
+    spikes = [F.figure2(F.FIG2_DEFAULT_SEED, d)["max_unscaled"] for d in F.FIG2_DK_CHOICES]
+    assert all(b >= a for a, b in zip(spikes, spikes[1:])), spikes
 
 
 def test_figure2_scaling_statistics_over_seeds():
@@ -104,18 +140,18 @@ def test_figure2_scaling_statistics_over_seeds():
 def test_random_qk_shapes_and_order():
     q, k = F.random_qk(3, 16)
     assert q.shape == (16,) and k.shape == (F.FIG2_N_KEYS, 16)
-    z = F.gaussians(3, 16 * (F.FIG2_N_KEYS + 1))
+    z = F.gaussians(3, F.FIG2_MAX_DK * (F.FIG2_N_KEYS + 1))
     np.testing.assert_array_equal(q, z[:16])
-    np.testing.assert_array_equal(k[1], z[32:48])
+    np.testing.assert_array_equal(k[1], z[2 * F.FIG2_MAX_DK: 2 * F.FIG2_MAX_DK + 16])
 
 
 # ---------------------------------------------------------------- figure 3
 
 
 def test_figure3_matches_torch_attention_weights():
-    x = torch.tensor(F.FIG3_EMBEDDINGS)
-    q, k = x @ torch.tensor(F.FIG3_W_Q), x @ torch.tensor(F.FIG3_W_K)
-    expected = torch.softmax(q @ k.T / math.sqrt(3), dim=-1).numpy()
+    x = torch.tensor(F.TOY_EMBEDDINGS)
+    q, k = x @ torch.tensor(F.TOY_W_Q), x @ torch.tensor(F.TOY_W_K)
+    expected = torch.softmax(q @ k.T / math.sqrt(2), dim=-1).numpy()
     fig = F.figure3()
     np.testing.assert_allclose(fig["weights"], expected, atol=1e-12)
     np.testing.assert_allclose(fig["weights"].sum(axis=1), 1.0, atol=1e-12)
@@ -125,7 +161,7 @@ def test_figure3_story_and_asymmetry():
     fig = F.figure3()
     he, xiaoming = F.TOKENS.index("他"), F.TOKENS.index("小明")
     assert int(np.argmax(fig["weights"][he])) == xiaoming
-    assert abs(fig["scores"][he, xiaoming] - fig["scores"][xiaoming, he]) > 0.5
+    assert abs(fig["weights"][he, xiaoming] - fig["weights"][xiaoming, he]) > 0.2
     assert not np.allclose(fig["scores"], fig["scores"].T)
 
 
@@ -189,6 +225,19 @@ def test_clock_turn_is_independent_of_position(k):
             np.testing.assert_allclose(rot @ pair, F.sinusoidal_pe(pos + k)[2 * i : 2 * i + 2], atol=1e-9)
 
 
+def test_clock_steps_per_turn_are_the_articles_6_and_twenty_thousand_odd():
+    steps = F.steps_per_turn()
+    assert round(steps[0], 1) == 6.3  # "6 steps a turn"
+    assert round(steps[-1]) == 19869  # "twenty thousand-odd steps a turn" at d_model 16
+    np.testing.assert_allclose(steps, 2 * np.pi / F.clock_frequencies())
+    assert all(abs(x) <= 1 for p in range(100) for x in F.sinusoidal_pe(p))  # values in [-1, 1]
+
+
+def test_table_cost_is_n_squared():
+    assert F.table_cost(1000) == {"scores": 1_000_000, "bytes": 4_000_000}
+    assert F.table_cost(10, heads=48)["scores"] == 4800
+
+
 def test_clock_angles_start_at_twelve_and_turn_clockwise():
     np.testing.assert_allclose(F.clock_angles(0), 0.0)
     assert 0 < F.clock_angles(1)[0] < math.pi  # sin > 0: the hand moved right (clockwise)
@@ -223,7 +272,7 @@ def test_the_figure_constants_live_once_in_constants_js():
         if hasattr(figures, name):
             assert np.asarray(getattr(figures, name)).tolist() == value, name
     assert list(KINDS) == list(capture_kinds) == CONSTANTS["KINDS"]
-    for js in ("figures.js", "paper.js", "model_view.js", "draw.js", "explorer.js"):
+    for js in ("figures.js", "paper.js", "article.js", "model_view.js", "draw.js", "explorer.js"):
         text = (static / js).read_text(encoding="utf-8")
-        assert not re.search(r"var FIG\d_\w+ = \[", text), js  # a literal array: a second copy
-    assert re.search(r"FIG1_KEYS = np\.array\(_C\[", Path(figures.__file__).read_text(encoding="utf-8"))
+        assert not re.search(r"var (FIG\d|TOY)_\w+ = \[[\s\[]*-?\d", text), js  # a literal array: a second copy
+    assert re.search(r"TOY_EMBEDDINGS = np\.array\(_C\[", Path(figures.__file__).read_text(encoding="utf-8"))

@@ -405,3 +405,69 @@ def test_connections_past_the_cap_get_a_503_at_once_and_the_server_recovers(serv
     while status() != 200:  # the idle connections' threads see them close
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- traces, sizes and the page's language
+
+
+def fake_trace(text: str) -> dict:
+    if text == "value-error":
+        raise ValueError("unknown token 'x'")
+    return {"text": text, "problems": [], "mean_nll": 0.0}
+
+
+def test_trace_route_status_and_errors(server):
+    assert get(server, "/api/trace?text=hi")[0] == 404  # no model loaded
+    server.trace_provider, server.trace_kind = fake_trace, "practice"
+    server.model_sizes = {"arch": "gpt", "d_model": 16}
+    try:
+        status, _, body = get(server, "/api/status")
+        assert json.loads(body)["trace"] == "practice" and json.loads(body)["sizes"]["d_model"] == 16
+        status, _, body = get(server, "/api/trace?text=" + urllib.parse.quote("今天天气很好"))
+        assert status == 200 and json.loads(body)["text"] == "今天天气很好"
+        payload = json.dumps({"text": "posted"}).encode()
+        status, _, body = get(server, "/api/trace", "POST", {"Content-Type": "application/json"}, payload)
+        assert status == 200 and json.loads(body)["text"] == "posted"
+        status, _, body = get(server, "/api/trace?text=value-error")
+        assert status == 400 and "could not read" in json.loads(body)["error"]
+        assert get(server, "/api/trace?text=" + "x" * (MAX_TEXT_CHARS + 1))[0] == 413
+        assert get(server, "/api/trace?text=hi", "HEAD")[0] == 405
+    finally:
+        server.trace_provider = server.trace_kind = server.model_sizes = None
+
+
+def test_index_carries_the_default_language_when_one_is_given(server):
+    _, _, body = get(server, "/")
+    assert b"data-default-lang" not in body  # the browser's languages decide
+    server.default_lang = "en"
+    try:
+        _, _, body = get(server, "/")
+        assert b'<html lang="en" class="qkv-loading" data-default-lang="en">' in body
+    finally:
+        server.default_lang = None
+    with pytest.raises(ValueError, match="unknown language 'fr'"):
+        make_server(default_lang="fr")
+
+
+def test_every_catalog_key_the_page_uses_exists_in_both_languages():
+    import re
+    from pathlib import Path
+
+    from qkv.interpret.explorer.language import CATALOG, LANGS
+
+    assert LANGS == ("zh", "en")  # Chinese first
+    assert set(CATALOG["zh"]) == set(CATALOG["en"])
+    for key in CATALOG["zh"]:  # the same {slots} in both languages
+        assert set(re.findall(r"\{\w+\}", CATALOG["zh"][key])) == set(re.findall(r"\{\w+\}", CATALOG["en"][key])), key
+    static = Path(__file__).resolve().parents[2] / "qkv" / "interpret" / "explorer" / "static"
+    sections = {key.split(".")[0] for key in CATALOG["zh"]}
+    used = set()
+    for path in static.glob("*.js"):  # every string literal of the form section.key, in every script
+        used |= {k for k in re.findall(r'"([a-z0-9]+\.[a-z0-9_.]*)"', path.read_text(encoding="utf-8"))
+                 if k.split(".")[0] in sections and not path.name == "catalog.js"}
+    used |= set(re.findall(r'data-i18n(?:-\w+)?="([^"]+)"', (static / "index.html").read_text(encoding="utf-8")))
+    assert len(used) > 150
+    # A key ending in "." or "_" is the start of keys made at run time ("fig6.kind." + kind).
+    missing = sorted(k for k in used if k not in CATALOG["zh"] and not (
+        k[-1] in "._" and any(c.startswith(k) for c in CATALOG["zh"])))
+    assert not missing, missing

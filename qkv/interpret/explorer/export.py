@@ -18,6 +18,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from qkv.interpret.explorer.language import with_default_lang
 from qkv.interpret.explorer.payload import normalize_attention_data
 from qkv.interpret.fonts import FONT_URL, woff2_subset
 
@@ -65,9 +66,9 @@ def _embed_font(css: str, page_text: str) -> str:
     return css[:rule.start()] + face + css[rule.end():]
 
 
-def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR) -> str:
+def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR, lang: str | None = None) -> str:
     """Return the self-contained page as a string (see ``export_page``)."""
-    html = (static_dir / "index.html").read_text(encoding="utf-8")
+    html = with_default_lang((static_dir / "index.html").read_text(encoding="utf-8"), lang)
     styles: list[str] = []
     scripts: list[str] = []
 
@@ -109,20 +110,22 @@ def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DI
     return html.replace(_CHARSET_TAG, _CHARSET_TAG + meta, 1)
 
 
-def export_page(out_html: str | os.PathLike, attention_data: dict | None = None) -> Path:
+def export_page(out_html: str | os.PathLike, attention_data: dict | None = None, lang: str | None = None) -> Path:
     """Write the explorer as one HTML file with all CSS, JS and data inlined.
 
     Args:
         out_html: Output path (parent folders are created).
-        attention_data: A model's maps for figure 6 (format in ``payload.py``), or None for the
-            figures 1-5 only.
+        attention_data: A model's maps for the model figure (format in ``payload.py``), or None for the
+            other figures only (the training-and-generating and practice figures show the traces
+            embedded in ``static/traces.js``).
+        lang: ``zh`` or ``en`` for a reader who has not chosen; None follows the browser.
 
     Returns:
         The path written. The file is written to a temporary name and renamed, so an interrupted
         export never leaves half a page.
     """
     out = Path(out_html)
-    page = render_page(attention_data)
+    page = render_page(attention_data, lang=lang)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     try:

@@ -1,4 +1,4 @@
-"""Python reference for the numbers the explorer page draws in figures 1-5.
+"""Python reference for the numbers the explorer page draws in its attention figures (1, 2, 3, 5 and 7).
 
 The page computes every figure in the browser (``static/figures.js``); this module holds the same
 formulas in numpy so that the tests can check the JavaScript against them (within 1e-6) and so that
@@ -25,34 +25,43 @@ _C = CONSTANTS
 TOKENS: tuple[str, ...] = tuple(_C["TOKENS"])
 QUERY_TOKEN: int = _C["QUERY_TOKEN"]  # 他: the token whose query figure 1 drags.
 
+# One toy world for figures 1, 3, 4 and 5's word order: embeddings X (5, d_model 4) and projections
+# (4, d_k 2). Figure 1's keys and values are rows of XW^K and XW^V, its query x(他)W^Q; figure 3's
+# table is built from the same Q and K, so its row 3 is figure 1's 他.
+TOY_EMBEDDINGS = np.array(_C["TOY_EMBEDDINGS"], dtype=np.float64)  # X: (5, d_model=4)
+TOY_W_Q = np.array(_C["TOY_W_Q"], dtype=np.float64)  # (4, d_k=2)
+TOY_W_K = np.array(_C["TOY_W_K"], dtype=np.float64)  # (4, d_k=2)
+TOY_W_V = np.array(_C["TOY_W_V"], dtype=np.float64)  # (4, d_v=2)
+TOY_W_V2 = np.array(_C["TOY_W_V2"], dtype=np.float64)  # (4, d_v=2): figure 4's second head
+
 # Figure 1: one query against five 2-D keys (Section 3.2.1).
-FIG1_KEYS = np.array(_C["FIG1_KEYS"], dtype=np.float64)  # (5, 2)
-FIG1_VALUES = np.array(_C["FIG1_VALUES"], dtype=np.float64)  # (5, 2)
-FIG1_QUERY = np.array(_C["FIG1_QUERY"], dtype=np.float64)  # 他's query, the default arrow
+FIG1_KEYS = TOY_EMBEDDINGS @ TOY_W_K  # (5, 2)
+FIG1_VALUES = TOY_EMBEDDINGS @ TOY_W_V  # (5, 2)
+FIG1_QUERY = TOY_EMBEDDINGS[QUERY_TOKEN] @ TOY_W_Q  # (2,): 他's query, the starting arrow
 FIG1_MAX_QUERY_NORM: float = _C["FIG1_MAX_QUERY_NORM"]  # the arrow can be dragged this far (the plot spans +-4)
 
-# Figure 2: why divide by sqrt(d_k) (Section 3.2.1, footnote 4).
+# Figure 2: why divide by sqrt(d_k) (Section 3.2.1, footnote 4): one draw of a query and keys of
+# FIG2_MAX_DK components; a d_k takes the first d_k of each.
 FIG2_DEFAULT_SEED: int = _C["FIG2_DEFAULT_SEED"]
 FIG2_N_KEYS: int = _C["FIG2_N_KEYS"]
+FIG2_KEY_TOKENS: tuple[int, ...] = tuple(_C["FIG2_KEY_TOKENS"])  # each key's label, a token index
+FIG2_MAX_DK: int = _C["FIG2_MAX_DK"]
 FIG2_DK_CHOICES: tuple[int, ...] = tuple(_C["FIG2_DK_CHOICES"])
 FIG2_DEFAULT_DK: int = _C["FIG2_DEFAULT_DK"]
 
-# Figure 3: the QK^T table (Section 3.2.1, Equation 1).
-FIG3_EMBEDDINGS = np.array(_C["FIG3_EMBEDDINGS"], dtype=np.float64)  # (5, d_model=4)
-FIG3_W_Q = np.array(_C["FIG3_W_Q"], dtype=np.float64)  # (4, d_k=3)
-FIG3_W_K = np.array(_C["FIG3_W_K"], dtype=np.float64)  # (4, d_k=3)
-FIG3_W_V = np.array(_C["FIG3_W_V"], dtype=np.float64)  # (4, 2): figure 5's word-order experiment
-
-# Figure 4: one head or two (Section 3.2.2).
-FIG4_ONE_HEAD_VALUES = np.array(_C["FIG4_ONE_HEAD_VALUES"], dtype=np.float64)  # (2 tokens, 2)
-FIG4_HEAD_VALUES = np.array(_C["FIG4_HEAD_VALUES"], dtype=np.float64)  # (H=2, 2 tokens, 2)
+# Figure 4: one head or two (Section 3.2.2): 小明 and 累了's values, in head 1 (figure 1's) and head 2.
+FIG4_ONE_HEAD_VALUES = FIG1_VALUES[:2]  # (2 tokens, 2)
+FIG4_HEAD_VALUES = np.stack([FIG1_VALUES[:2], (TOY_EMBEDDINGS @ TOY_W_V2)[:2]])  # (H=2, 2 tokens, 2)
 FIG4_DEFAULT_SPLIT: float = _C["FIG4_DEFAULT_SPLIT"]  # one head: share of attention on 小明
 FIG4_DEFAULT_HEAD_SPLITS: tuple[float, ...] = tuple(_C["FIG4_DEFAULT_HEAD_SPLITS"])  # head 1 on 小明, head 2 on 累了
 
 # Figure 5: positions as clocks (Section 3.5).
 FIG5_D_MODEL: int = _C["FIG5_D_MODEL"]  # 8 (sin, cos) pairs = 8 clocks
 FIG5_MAX_POS: int = _C["FIG5_MAX_POS"]
-FIG5_WORD_ORDER_D_MODEL: int = _C["FIG5_WORD_ORDER_D_MODEL"]  # the width of figure 3's embeddings
+FIG5_WORD_ORDER_D_MODEL: int = TOY_EMBEDDINGS.shape[1]  # the toy world's width
+
+# The table's cost.
+COST_BYTES_PER_SCORE: int = _C["COST_BYTES_PER_SCORE"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,13 +232,17 @@ def in_convex_hull(point, hull, tol: float = 1e-9) -> bool:
 def random_qk(seed: int, d_k: int, n_keys: int = FIG2_N_KEYS) -> tuple[np.ndarray, np.ndarray]:
     """A query and n keys with independent N(0, 1) components (the footnote's assumption).
 
-    The query is drawn first, then the keys row by row, as ``figures.js`` does.
+    One draw of FIG2_MAX_DK components per vector (the query first, then the keys), of which d_k are
+    used: a larger d_k adds dimensions to the same vectors instead of drawing new ones, as
+    ``figures.js`` does.
 
     Returns:
         (q, K): arrays (d_k,) and (n_keys, d_k).
     """
-    z = gaussians(seed, d_k * (n_keys + 1))
-    return z[:d_k], z[d_k:].reshape(n_keys, d_k)  # (d_k,), (n_keys, d_k)
+    if not 1 <= d_k <= FIG2_MAX_DK:
+        raise ValueError(f"d_k must be in 1..{FIG2_MAX_DK}, got {d_k}")
+    z = gaussians(seed, FIG2_MAX_DK * (n_keys + 1)).reshape(n_keys + 1, FIG2_MAX_DK)
+    return z[0, :d_k], z[1:, :d_k]  # (d_k,), (n_keys, d_k)
 
 
 def figure2(seed: int = FIG2_DEFAULT_SEED, d_k: int = FIG2_DEFAULT_DK) -> dict:
@@ -240,7 +253,8 @@ def figure2(seed: int = FIG2_DEFAULT_SEED, d_k: int = FIG2_DEFAULT_DK) -> dict:
 
     Returns:
         Dict with ``dots`` (n,), ``unscaled`` and ``scaled`` weights (n,), their maxima
-        ``max_unscaled`` and ``max_scaled``, and ``dot_std`` (standard deviation of the n dots).
+        ``max_unscaled`` and ``max_scaled``, ``dot_std`` (standard deviation of the n dots) and
+        ``expected_std`` (sqrt(d_k), the footnote's).
     """
     q, k = random_qk(seed, d_k)
     dots = k @ q  # (n,)
@@ -253,6 +267,7 @@ def figure2(seed: int = FIG2_DEFAULT_SEED, d_k: int = FIG2_DEFAULT_DK) -> dict:
         "max_unscaled": float(unscaled.max()),
         "max_scaled": float(scaled.max()),
         "dot_std": float(dots.std()),
+        "expected_std": math.sqrt(d_k),
     }
 
 
@@ -265,11 +280,12 @@ def figure3() -> dict:
     """The sentence's query, key, score and weight matrices.
 
     Returns:
-        Dict with ``Q`` (5, 3), ``K`` (5, 3), ``scores`` = QK^T / sqrt(d_k) (5, 5) with rows =
-        queries and columns = keys, and ``weights`` (5, 5), each row softmaxed.
+        Dict with ``Q`` (5, 2), ``K`` (5, 2), ``scores`` = QK^T / sqrt(d_k) (5, 5) with rows =
+        queries and columns = keys, and ``weights`` (5, 5), each row softmaxed. Row QUERY_TOKEN is
+        figure 1's starting query against figure 1's keys.
     """
-    q = FIG3_EMBEDDINGS @ FIG3_W_Q  # (5, d_k)
-    k = FIG3_EMBEDDINGS @ FIG3_W_K  # (5, d_k)
+    q = TOY_EMBEDDINGS @ TOY_W_Q  # (5, d_k)
+    k = TOY_EMBEDDINGS @ TOY_W_K  # (5, d_k)
     scores = q @ k.T / math.sqrt(q.shape[1])  # (5 queries, 5 keys)
     return {"Q": q, "K": k, "scores": scores, "weights": softmax(scores)}
 
@@ -322,6 +338,15 @@ def clock_frequencies(d_model: int = FIG5_D_MODEL) -> np.ndarray:
     return 1.0 / np.power(10000.0, 2.0 * i / d_model)
 
 
+def steps_per_turn(d_model: int = FIG5_D_MODEL) -> np.ndarray:
+    """How many positions each hand needs for one whole turn: its wavelength 2 pi * 10000^(2i / d_model).
+
+    At d_model 16 the fastest hand turns in 6.3 steps and the slowest in about 19,869 (Section 3.5:
+    "wavelengths form a geometric progression from 2 pi to 10000 * 2 pi").
+    """
+    return 2.0 * np.pi / clock_frequencies(d_model)
+
+
 def sinusoidal_pe(pos: int, d_model: int = FIG5_D_MODEL) -> np.ndarray:
     """The paper's encoding: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
     angles = pos * clock_frequencies(d_model)
@@ -350,7 +375,7 @@ def shift_angles(k: int, d_model: int = FIG5_D_MODEL) -> np.ndarray:
     return np.mod(k * clock_frequencies(d_model), 2.0 * np.pi)
 
 
-def self_attention(x, w_q=FIG3_W_Q, w_k=FIG3_W_K, w_v=FIG3_W_V) -> np.ndarray:
+def self_attention(x, w_q=TOY_W_Q, w_k=TOY_W_K, w_v=TOY_W_V) -> np.ndarray:
     """softmax(QK^T / sqrt(d_k)) V for one sequence x (T, d_model); returns (T, d_v)."""
     x = np.asarray(x, dtype=np.float64)
     q, k, v = x @ w_q, x @ w_k, x @ w_v  # (T, d_k), (T, d_k), (T, d_v)
@@ -367,7 +392,7 @@ def word_order_outputs(order, use_pe: bool) -> np.ndarray:
     Returns:
         Array (T, 2): the output at each position.
     """
-    x = FIG3_EMBEDDINGS[list(order)].copy()  # (T, d_model)
+    x = TOY_EMBEDDINGS[list(order)].copy()  # (T, d_model)
     if use_pe:
         x += np.stack([sinusoidal_pe(p, FIG5_WORD_ORDER_D_MODEL) for p in range(len(order))])
     return self_attention(x)
@@ -393,3 +418,14 @@ def word_order_change(i: int, j: int, use_pe: bool) -> float:
     after = word_order_outputs(after_order, use_pe)
     # Row p of `after` holds token after_order[p]; compare it with that token's row of `before`.
     return float(np.abs(after - before[after_order]).max())
+
+
+# ----------------------------------------------------------------------------------------------
+# The table's cost
+# ----------------------------------------------------------------------------------------------
+
+
+def table_cost(n_tokens: int, heads: int = 1) -> dict:
+    """What the QK^T table of ``n_tokens`` costs: n^2 scores per head, 4 bytes each in fp32."""
+    scores = n_tokens * n_tokens * heads
+    return {"scores": scores, "bytes": scores * COST_BYTES_PER_SCORE}

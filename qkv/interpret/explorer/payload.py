@@ -1,4 +1,4 @@
-"""Check and normalise the attention data that figure 6 of the explorer page draws.
+"""Check and normalise the attention data that the explorer page's model figure draws.
 
 Both ways a model's maps reach the page go through here: the server's ``/api/attention`` (the
 output of an ``attention_provider``) and ``export_page(attention_data=...)``. The format is::

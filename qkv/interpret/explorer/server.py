@@ -4,8 +4,10 @@ Routes:
     GET /, /index.html, /<file>   the page files in ``static/`` (a fixed whitelist; no subfolders)
     GET /cjk.otf                  the CJK font qkv brings (``qkv.interpret.fonts``), for Chinese tokens
     GET /api/status               {"model": bool, "default_text": str, "max_text_chars": int, ...}
-    GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (figure 6)
+    GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (the model figure)
     POST /api/attention           the same with a JSON body {"text": "..."}
+    GET /api/trace?text=...       the ``trace_provider``'s trace for ``text`` (qkv.interpret.traces: the
+                                  training-and-generating figure or GPT's practice problems); POST too
 
 Safety, because a browser on the same machine can be pointed at it by any web site:
     * binds 127.0.0.1 unless told otherwise, and checks the Host header on loopback (DNS rebinding);
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from qkv.interpret.explorer.language import check_lang, with_default_lang
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, normalize_attention_data
 from qkv.interpret.fonts import FONT_URL, font_bytes
 
@@ -56,6 +59,7 @@ CONTENT_TYPES = {
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 AttentionProvider = Callable[[str], dict]
+TraceProvider = Callable[[str], dict]
 
 
 class RequestError(Exception):
@@ -73,9 +77,14 @@ class ExplorerServer(ThreadingHTTPServer):
     Attributes:
         attention_provider: ``text -> dict`` in the format of ``payload.py``, or None when no model
             is loaded (then ``/api/attention`` answers 404). May be set after construction.
-        default_text: The text figure 6 starts with.
-        model_name: Shown above figure 6 when a model is loaded.
+        default_text: The text the model figures start with.
+        model_name: Shown above the model figures when a model is loaded.
         quiet: Do not log requests to stderr.
+        trace_provider: ``text -> dict`` of ``qkv.interpret.traces`` (a translation trace or GPT's
+            practice problems), or None (``/api/trace`` answers 404); ``trace_kind`` says which.
+        model_sizes: The model's sizes for the encoder-decoder figure, or None.
+        default_lang: ``zh`` or ``en`` for a reader with no choice of their own (``--lang``), or None
+            to follow the browser.
     """
 
     daemon_threads = True
@@ -91,13 +100,22 @@ class ExplorerServer(ThreadingHTTPServer):
         model_name: str | None = None,
         quiet: bool = False,
         static_dir: Path = STATIC_DIR,
+        trace_provider: TraceProvider | None = None,
+        trace_kind: str | None = None,
+        model_sizes: dict | None = None,
+        default_lang: str | None = None,
     ):
+        check_lang(default_lang)
         if ":" in host.strip("[]"):
             self.address_family = socket.AF_INET6
         self.attention_provider = attention_provider
         self.default_text = default_text
         self.model_name = model_name
         self.quiet = quiet
+        self.trace_provider = trace_provider
+        self.trace_kind = trace_kind
+        self.model_sizes = model_sizes
+        self.default_lang = default_lang
         self.static_dir = Path(static_dir)
         # Whitelist taken once: only plain files of known types directly in static/.
         self.static_files = {
@@ -312,6 +330,8 @@ class ExplorerHandler(BaseHTTPRequestHandler):
         if content_type is None:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such file: {name}")
         body = (self.server.static_dir / name).read_bytes()
+        if name == "index.html":
+            body = with_default_lang(body.decode("utf-8"), self.server.default_lang).encode("utf-8")
         self._send_bytes(HTTPStatus.OK, body, content_type, cache="no-cache")
 
     # ------------------------------------------------------------------ API
@@ -320,11 +340,14 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             if method == "POST":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET for /api/status")
             self._send_json(HTTPStatus.OK, self._status())
-        elif path == "/api/attention":
+        elif path in ("/api/attention", "/api/trace"):
             if method == "HEAD":  # would run the model for nothing
-                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, "use GET or POST for /api/attention")
+                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"use GET or POST for {path}")
             text = self._read_body_text() if method == "POST" else self._query_text(query)
-            self._attention(text)
+            if path == "/api/attention":
+                self._attention(text)
+            else:
+                self._trace(text)
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"unknown API route {path}")
 
@@ -337,6 +360,10 @@ class ExplorerHandler(BaseHTTPRequestHandler):
         }
         if srv.model_name:
             out["model_name"] = srv.model_name
+        if srv.trace_provider is not None:
+            out["trace"] = srv.trace_kind
+        if srv.model_sizes:
+            out["sizes"] = srv.model_sizes
         return out
 
     def _query_text(self, query: str) -> str:
@@ -390,7 +417,7 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, 'body must be a JSON object {"text": "..."}')
         return obj["text"]
 
-    def _attention(self, text: str) -> None:
+    def _checked(self, text: str) -> str:
         if len(text) > MAX_TEXT_CHARS:
             raise RequestError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -400,20 +427,30 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, "text is empty")
         if "\x00" in text:
             raise RequestError(HTTPStatus.BAD_REQUEST, "text contains a NUL character")
-        provider = self.server.attention_provider
+        return text
+
+    def _provide(self, provider: Callable[[str], dict] | None, text: str, what: str) -> dict:
+        """``provider(text)``, one model call at a time; a text it cannot read is a 400, anything else a 500."""
+        text = self._checked(text)
         if provider is None:
             raise RequestError(HTTPStatus.NOT_FOUND, NO_MODEL_MESSAGE)
         try:
             with self.server.provider_lock:
-                raw = provider(text)
+                return provider(text)
         except (ValueError, KeyError) as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the model could not read this text: {err}") from None
         except Exception:  # noqa: BLE001
             if not self.server.quiet:
                 traceback.print_exc(file=sys.stderr)
             raise RequestError(
-                HTTPStatus.INTERNAL_SERVER_ERROR, "the attention provider failed (see the server log)"
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"the {what} provider failed (see the server log)"
             ) from None
+
+    def _trace(self, text: str) -> None:
+        self._send_json(HTTPStatus.OK, self._provide(self.server.trace_provider, text, "trace"))
+
+    def _attention(self, text: str) -> None:
+        raw = self._provide(self.server.attention_provider, text, "attention")
         try:
             data = normalize_attention_data(raw)
         except AttentionDataError as err:
@@ -432,6 +469,10 @@ def make_server(
     default_text: str = "",
     model_name: str | None = None,
     quiet: bool = False,
+    trace_provider: TraceProvider | None = None,
+    trace_kind: str | None = None,
+    model_sizes: dict | None = None,
+    default_lang: str | None = None,
 ) -> ExplorerServer:
     """Create (bind, not start) the explorer server.
 
@@ -439,9 +480,13 @@ def make_server(
         host: Interface to bind; loopback by default, so nothing is reachable from the network.
         port: TCP port; 0 picks a free one (read it back from ``server.url``).
         attention_provider: ``text -> dict`` giving a model's maps (see ``payload.py``), or None.
-        default_text: The text figure 6 starts with.
-        model_name: Shown above figure 6.
+        default_text: The text the model figures start with.
+        model_name: Shown above the model figures.
         quiet: Do not log requests to stderr.
+        trace_provider, trace_kind: ``text -> dict`` of ``qkv.interpret.traces`` and which trace it
+            gives (``translation`` or ``practice``), or None.
+        model_sizes: The model's sizes (``traces.model_sizes``) for the encoder-decoder figure.
+        default_lang: ``zh`` or ``en`` for a reader who has not chosen; None follows the browser.
 
     Returns:
         An ``ExplorerServer``; call ``serve_forever()`` (in a thread if needed) and ``shutdown()``.
@@ -451,33 +496,30 @@ def make_server(
     if len(default_text) > MAX_TEXT_CHARS:
         raise ValueError(f"default text is {len(default_text)} characters; the limit is {MAX_TEXT_CHARS}")
     return ExplorerServer(
-        host, int(port), attention_provider, default_text=default_text, model_name=model_name, quiet=quiet
+        host, int(port), attention_provider, default_text=default_text, model_name=model_name, quiet=quiet,
+        trace_provider=trace_provider, trace_kind=trace_kind, model_sizes=model_sizes, default_lang=default_lang,
     )
 
 
-def serve(
-    host: str = "127.0.0.1",
-    port: int = 0,
-    attention_provider: AttentionProvider | None = None,
-    *,
-    default_text: str = "",
-    model_name: str | None = None,
-    quiet: bool = False,
-) -> int:
-    """Run the explorer until Ctrl-C, printing its URL to stdout.
+def serve(host: str = "127.0.0.1", port: int = 0, attention_provider: AttentionProvider | None = None,
+          **settings) -> int:
+    """Run the explorer until Ctrl-C, printing its URL to stdout (with ``?lang=`` when a language is set).
+
+    Args:
+        host, port, attention_provider: As ``make_server``.
+        **settings: ``make_server``'s keyword arguments.
 
     Returns:
         0 once stopped.
     """
-    server = make_server(
-        host, port, attention_provider, default_text=default_text, model_name=model_name, quiet=quiet
-    )
+    server = make_server(host, port, attention_provider, **settings)
     if server.allowed_hosts is None:
         print(
             f"explorer: listening on {host}, not loopback: anyone who can reach this machine can use it",
             file=sys.stderr,
         )
-    print(server.url, flush=True)
+    lang = settings.get("default_lang")
+    print(server.url + (f"?lang={lang}" if lang else ""), flush=True)
     print("explorer: press Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         server.serve_forever()

@@ -11,25 +11,21 @@
   var C = globalThis.QKVConstants;
   var TOKENS = C.TOKENS;
   var QUERY_TOKEN = C.QUERY_TOKEN;
-  var FIG1_KEYS = C.FIG1_KEYS;
-  var FIG1_VALUES = C.FIG1_VALUES;
-  var FIG1_QUERY = C.FIG1_QUERY;
+  var TOY_EMBEDDINGS = C.TOY_EMBEDDINGS;
+  var TOY_W_Q = C.TOY_W_Q;
+  var TOY_W_K = C.TOY_W_K;
+  var TOY_W_V = C.TOY_W_V;
   var FIG1_MAX_QUERY_NORM = C.FIG1_MAX_QUERY_NORM;
   var FIG2_DEFAULT_SEED = C.FIG2_DEFAULT_SEED;
   var FIG2_N_KEYS = C.FIG2_N_KEYS;
+  var FIG2_KEY_TOKENS = C.FIG2_KEY_TOKENS;
+  var FIG2_MAX_DK = C.FIG2_MAX_DK;
   var FIG2_DK_CHOICES = C.FIG2_DK_CHOICES;
   var FIG2_DEFAULT_DK = C.FIG2_DEFAULT_DK;
-  var FIG3_EMBEDDINGS = C.FIG3_EMBEDDINGS;
-  var FIG3_W_Q = C.FIG3_W_Q;
-  var FIG3_W_K = C.FIG3_W_K;
-  var FIG3_W_V = C.FIG3_W_V;
-  var FIG4_ONE_HEAD_VALUES = C.FIG4_ONE_HEAD_VALUES;
-  var FIG4_HEAD_VALUES = C.FIG4_HEAD_VALUES;
   var FIG4_DEFAULT_SPLIT = C.FIG4_DEFAULT_SPLIT;
   var FIG4_DEFAULT_HEAD_SPLITS = C.FIG4_DEFAULT_HEAD_SPLITS;
   var FIG5_D_MODEL = C.FIG5_D_MODEL;
   var FIG5_MAX_POS = C.FIG5_MAX_POS;
-  var FIG5_WORD_ORDER_D_MODEL = C.FIG5_WORD_ORDER_D_MODEL;
 
   // ------------------------------------------------------------------ small linear algebra
   function dot(a, b) {
@@ -103,6 +99,16 @@
     return out;
   }
 
+  // ------------------------------------------------------------------ the toy world
+  // Figures 1, 3 and 4 share these: keys and values are rows of XW^K and XW^V, 他's query is
+  // x(他)W^Q, so figure 3's row 3 is figure 1's 他 (as figures.py).
+  var FIG1_KEYS = matmul(TOY_EMBEDDINGS, TOY_W_K);     // (5, 2)
+  var FIG1_VALUES = matmul(TOY_EMBEDDINGS, TOY_W_V);   // (5, 2)
+  var FIG1_QUERY = matmul([TOY_EMBEDDINGS[QUERY_TOKEN]], TOY_W_Q)[0]; // (2,)
+  var FIG4_ONE_HEAD_VALUES = FIG1_VALUES.slice(0, 2);  // 小明, 累了
+  var FIG4_HEAD_VALUES = [FIG1_VALUES.slice(0, 2), matmul(TOY_EMBEDDINGS, C.TOY_W_V2).slice(0, 2)];
+  var FIG5_WORD_ORDER_D_MODEL = TOY_EMBEDDINGS[0].length;
+
   // ------------------------------------------------------------------ figure 1
   function attend(query, keys, values) {
     var scale = Math.sqrt(query.length);
@@ -151,12 +157,14 @@
   }
 
   // ------------------------------------------------------------------ figure 2
+  // One draw of FIG2_MAX_DK components per vector (the query first); d_k takes the first d_k of
+  // each, so a larger d_k adds dimensions to the same vectors (as figures.random_qk).
   function randomQK(seed, dK, nKeys) {
     if (nKeys === undefined) nKeys = FIG2_N_KEYS;
-    var z = gaussians(seed, dK * (nKeys + 1));
+    var z = gaussians(seed, FIG2_MAX_DK * (nKeys + 1));
     var q = z.slice(0, dK);
     var keys = [];
-    for (var i = 0; i < nKeys; i++) keys.push(z.slice(dK * (i + 1), dK * (i + 2)));
+    for (var i = 0; i < nKeys; i++) keys.push(z.slice(FIG2_MAX_DK * (i + 1), FIG2_MAX_DK * (i + 1) + dK));
     return { q: q, keys: keys };
   }
 
@@ -176,14 +184,15 @@
       scaled: scaled,
       max_unscaled: Math.max.apply(null, unscaled),
       max_scaled: Math.max.apply(null, scaled),
-      dot_std: Math.sqrt(variance)
+      dot_std: Math.sqrt(variance),
+      expected_std: Math.sqrt(dK)
     };
   }
 
   // ------------------------------------------------------------------ figure 3
   function figure3() {
-    var Q = matmul(FIG3_EMBEDDINGS, FIG3_W_Q);
-    var K = matmul(FIG3_EMBEDDINGS, FIG3_W_K);
+    var Q = matmul(TOY_EMBEDDINGS, TOY_W_Q);
+    var K = matmul(TOY_EMBEDDINGS, TOY_W_K);
     var scale = Math.sqrt(Q[0].length);
     var scores = Q.map(function (q) { return K.map(function (k) { return dot(q, k) / scale; }); });
     return { Q: Q, K: K, scores: scores, weights: scores.map(softmax) };
@@ -220,6 +229,11 @@
     return out;
   }
 
+  // Positions per whole turn of each hand: 2 pi * 10000^(2i/d) (6.3 ... ~19,869 at d_model 16).
+  function stepsPerTurn(dModel) {
+    return clockFrequencies(dModel).map(function (w) { return 2 * Math.PI / w; });
+  }
+
   function sinusoidalPE(pos, dModel) {
     if (dModel === undefined) dModel = FIG5_D_MODEL;
     var pe = [];
@@ -248,7 +262,7 @@
   }
 
   function selfAttention(x) {
-    var Q = matmul(x, FIG3_W_Q), K = matmul(x, FIG3_W_K), V = matmul(x, FIG3_W_V);
+    var Q = matmul(x, TOY_W_Q), K = matmul(x, TOY_W_K), V = matmul(x, TOY_W_V);
     var scale = Math.sqrt(Q[0].length);
     return Q.map(function (q) {
       var w = softmax(K.map(function (k) { return dot(q, k) / scale; }));
@@ -258,7 +272,7 @@
 
   function wordOrderOutputs(order, usePE) {
     var x = order.map(function (t, pos) {
-      var e = FIG3_EMBEDDINGS[t].slice();
+      var e = TOY_EMBEDDINGS[t].slice();
       if (usePE) {
         var pe = sinusoidalPE(pos, FIG5_WORD_ORDER_D_MODEL);
         e = e.map(function (v, c) { return v + pe[c]; });
@@ -286,13 +300,19 @@
     return worst;
   }
 
+  // ------------------------------------------------------------------ the table's cost
+  function tableCost(n, heads) {
+    var scores = n * n * (heads || 1);
+    return { scores: scores, bytes: scores * C.COST_BYTES_PER_SCORE };
+  }
+
   globalThis.QKVFigures = {
     TOKENS: TOKENS, QUERY_TOKEN: QUERY_TOKEN,
+    TOY_EMBEDDINGS: TOY_EMBEDDINGS, TOY_W_Q: TOY_W_Q, TOY_W_K: TOY_W_K, TOY_W_V: TOY_W_V,
     FIG1_KEYS: FIG1_KEYS, FIG1_VALUES: FIG1_VALUES, FIG1_QUERY: FIG1_QUERY,
     FIG1_MAX_QUERY_NORM: FIG1_MAX_QUERY_NORM,
-    FIG2_DEFAULT_SEED: FIG2_DEFAULT_SEED, FIG2_N_KEYS: FIG2_N_KEYS,
+    FIG2_DEFAULT_SEED: FIG2_DEFAULT_SEED, FIG2_N_KEYS: FIG2_N_KEYS, FIG2_KEY_TOKENS: FIG2_KEY_TOKENS,
     FIG2_DK_CHOICES: FIG2_DK_CHOICES, FIG2_DEFAULT_DK: FIG2_DEFAULT_DK,
-    FIG3_EMBEDDINGS: FIG3_EMBEDDINGS, FIG3_W_Q: FIG3_W_Q, FIG3_W_K: FIG3_W_K, FIG3_W_V: FIG3_W_V,
     FIG4_ONE_HEAD_VALUES: FIG4_ONE_HEAD_VALUES, FIG4_HEAD_VALUES: FIG4_HEAD_VALUES,
     FIG4_DEFAULT_SPLIT: FIG4_DEFAULT_SPLIT, FIG4_DEFAULT_HEAD_SPLITS: FIG4_DEFAULT_HEAD_SPLITS,
     FIG5_D_MODEL: FIG5_D_MODEL, FIG5_MAX_POS: FIG5_MAX_POS,
@@ -304,9 +324,9 @@
     randomQK: randomQK, figure2: figure2,
     figure3: figure3, dotProductTerms: dotProductTerms,
     oneHeadOutput: oneHeadOutput, twoHeadOutput: twoHeadOutput,
-    clockFrequencies: clockFrequencies, sinusoidalPE: sinusoidalPE,
+    clockFrequencies: clockFrequencies, stepsPerTurn: stepsPerTurn, sinusoidalPE: sinusoidalPE,
     clockAngles: clockAngles, shiftAngles: shiftAngles,
     selfAttention: selfAttention, wordOrderOutputs: wordOrderOutputs,
-    swapped: swapped, wordOrderChange: wordOrderChange
+    swapped: swapped, wordOrderChange: wordOrderChange, tableCost: tableCost
   };
 })();

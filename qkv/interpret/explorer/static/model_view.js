@@ -1,26 +1,25 @@
 /*
  * model_view.js: figure 6, a model's own attention maps: the head view, the model view and the heat
  * map of one head. The maps come from the server's /api/attention, or from the JSON embedded in an
- * exported page (script#qkv-model-data); it never fetches from file://. Exposed as globalThis.QKVModelView.
+ * exported page (script#qkv-model-data); it never fetches from file://. Every word is the catalog's
+ * (globalThis.QKVLang.T). Exposed as globalThis.QKVModelView.
  */
 (function () {
   "use strict";
 
   var D = globalThis.QKVDraw;
   var $ = D.$, h = D.h, s = D.s, pct = D.pct, tint = D.tint;
+  var T = globalThis.QKVLang.T, plain = globalThis.QKVLang.plain;
 
   // ------------------------------------------------------------------ figure 6
   // A model's maps, grouped by kind and layer, in three linked views: the head view (lines from
   // queries to keys, one colour per head, opacity = weight, as in bertviz), the model view (a
   // small map per layer and head) and the detail heat map of one head.
   var KIND_ORDER = globalThis.QKVConstants.KINDS;
-  var KIND_LABELS = globalThis.QKVConstants.KIND_LABELS;
-  var KIND_NOTES = {
-    encoder_self: "Encoder self-attention: each source token looks at every source token.",
-    decoder_self: "Decoder self-attention: each target token looks at itself and the target tokens before it (masked).",
-    cross: "Cross-attention (encoder–decoder): each target token looks at the source tokens.",
-    self: "Causal self-attention: each token looks at itself and the tokens before it."
-  };
+  // A kind's name and note from the catalog ("fig6.kind.cross", "fig6.note.cross"); an unknown kind
+  // keeps the name its payload gave.
+  function kindLabel(kind) { return KIND_ORDER.indexOf(kind) >= 0 ? T("fig6.kind." + kind) : kind.replace(/_/g, " "); }
+  function kindNote(kind) { return KIND_ORDER.indexOf(kind) >= 0 ? T("fig6.note." + kind) : ""; }
   var HEAD_COLORS = ["#2f6fd0", "#e07b2e", "#2e9a6e", "#8a62c4", "#d24b5a", "#1b93a5",
     "#b0862a", "#c8559e", "#55708f", "#6f9a2a", "#9b5a3c", "#4955b8"];
   var MEAN_COLOR = "#4a5566";
@@ -64,7 +63,7 @@
       }
       var g = byKind[kind];
       if (!g) {
-        g = byKind[kind] = { kind: kind, label: KIND_LABELS[kind] || kind.replace(/_/g, " "), byLayer: {}, layers: [], nHeads: 0 };
+        g = byKind[kind] = { kind: kind, label: kindLabel(kind), byLayer: {}, layers: [], nHeads: 0 };
         order.push(kind);
       }
       if (layer === undefined || g.byLayer[layer] !== undefined) {
@@ -81,7 +80,8 @@
     return { order: order, byKind: byKind };
   }
 
-  function initFig6() {
+  // status: the server's /api/status (explorer.js asked it), or null for an exported page.
+  function initFig6(status) {
     var body = $("fig6-body");
     var embedded = $("qkv-model-data");
     if (embedded) {
@@ -89,18 +89,15 @@
       try {
         data = JSON.parse(embedded.textContent);
       } catch (err) {
-        showError(body, "The embedded model data is not valid JSON: " + err.message);
+        showError(body, T("fig6.bad_json", { error: err.message }));
         return;
       }
       body.textContent = "";
-      body.appendChild(h("p", { "class": "caption", text: "Exported page: the maps below were computed for one fixed text. Run qkv explore --run DIR for any text." }));
+      body.appendChild(h("p", { "class": "caption", text: T("fig6.exported") }));
       return renderModel(body, data, { showInput: true });
     }
-    // fetch() does not work from file://, and an exported page has no server: keep the placeholder.
-    if (location.protocol !== "http:" && location.protocol !== "https:") return;
-    fetch("/api/status").then(function (r) { return r.json(); }).then(function (st) {
-      if (st && st.model) setupLive(body, st);
-    }).catch(function (err) { showError(body, "Could not reach the explorer server: " + err.message); });
+    // An exported page has no server (and fetch() does not work from file://): keep the placeholder.
+    if (status && status.model) setupLive(body, status);
   }
 
   function showError(parent, message) {
@@ -113,13 +110,13 @@
     body.textContent = "";
     var input = h("input", {
       type: "text", id: "fig6-text", maxlength: String(status.max_text_chars || 500),
-      placeholder: "Type a sentence", "aria-label": "text to run through the model"
+      placeholder: plain("fig6.placeholder_input"), "aria-label": plain("fig6.text_aria")
     });
     input.value = status.default_text || "";
-    var button = h("button", { type: "submit", id: "fig6-run", "class": "primary", text: "Show attention" });
+    var button = h("button", { type: "submit", id: "fig6-run", "class": "primary", text: T("fig6.run") });
     var form = h("form", { "class": "controls fig6-form" }, [input, button]);
     var out = h("div", { id: "fig6-output", "aria-live": "polite" });
-    if (status.model_name) body.appendChild(h("p", { "class": "label model-name" }, ["model: ", h("code", { text: status.model_name })]));
+    if (status.model_name) body.appendChild(h("p", { "class": "label model-name" }, [T("fig6.model"), h("code", { text: status.model_name })]));
     body.appendChild(form);
     body.appendChild(out);
     form.addEventListener("submit", function (e) {
@@ -128,19 +125,19 @@
     });
     function run() {
       button.disabled = true;
-      button.textContent = "Running…";
+      button.textContent = T("fig6.running");
       out.classList.add("busy");
       fetch("/api/attention?text=" + encodeURIComponent(input.value)).then(function (r) {
         return r.json().then(function (j) { return { ok: r.ok, json: j }; });
       }).then(function (res) {
         out.textContent = "";
-        if (!res.ok) showError(out, res.json.error || "The server refused the request.");
+        if (!res.ok) showError(out, res.json.error ? T("fig6.failed", { error: res.json.error }) : T("fig6.refused"));
         else renderModel(out, res.json, {});
       }).catch(function (err) {
-        showError(out, "Request failed: " + err.message);
+        showError(out, T("fig6.failed", { error: err.message }));
       }).then(function () {
         button.disabled = false;
-        button.textContent = "Show attention";
+        button.textContent = T("fig6.run");
         out.classList.remove("busy");
       });
     }
@@ -154,13 +151,13 @@
     var hasOut = typeof data.output === "string";
     function line(label, node) { box.appendChild(h("div", { "class": "oline" }, [h("span", { "class": "olabel", text: label }), node])); }
     function outText() {
-      return h("span", { "class": "otext" + (data.output ? "" : " empty"), "data-testid": "fig6-output-text", text: data.output || "(nothing: the model ended at once)" });
+      return h("span", { "class": "otext" + (data.output ? "" : " empty"), "data-testid": "fig6-output-text", text: data.output || T("fig6.nothing") });
     }
     if (gpt && hasOut) {
-      line("continuation", h("span", {}, [h("span", { "class": "prompt", text: data.text || "" }), outText()]));
+      line(T("fig6.continuation"), h("span", {}, [h("span", { "class": "prompt", text: data.text || "" }), outText()]));
     } else {
-      if (showInput && data.text) line("input", h("span", { "class": "itext", text: data.text }));
-      if (hasOut) line(groups.byKind.cross ? "translation" : "output", outText());
+      if (showInput && data.text) line(T("fig6.input"), h("span", { "class": "itext", text: data.text }));
+      if (hasOut) line(T(groups.byKind.cross ? "fig6.translation" : "fig6.output"), outText());
     }
     return box.childNodes.length ? box : null;
   }
@@ -168,7 +165,7 @@
   // data: {text?, output?, maps: [{name, kind?, layer?, query_tokens, key_tokens, weights: (H, T, L)}]}
   function renderModel(parent, data, opts) {
     if (!data || !Array.isArray(data.maps) || data.maps.length === 0) {
-      showError(parent, "The model returned no attention maps.");
+      showError(parent, T("fig6.no_maps"));
       return null;
     }
     var groups = groupMaps(data.maps);
@@ -185,7 +182,7 @@
     if (outBox) parent.appendChild(outBox);
 
     // Controls: kind, layer, heads.
-    var kindBox = h("div", { "class": "seg", role: "group", "aria-label": "attention kind", id: "fig6-kinds" });
+    var kindBox = h("div", { "class": "seg", role: "group", "aria-label": plain("fig6.kinds_aria"), id: "fig6-kinds" });
     var kindBtns = {};
     groups.order.forEach(function (kind) {
       var b = h("button", { type: "button", "data-kind": kind, text: groups.byKind[kind].label });
@@ -193,13 +190,13 @@
       kindBtns[kind] = b;
       kindBox.appendChild(b);
     });
-    var layerSel = h("select", { id: "fig6-layer", "aria-label": "layer" });
+    var layerSel = h("select", { id: "fig6-layer", "aria-label": T("fig6.layer") });
     layerSel.addEventListener("change", function () { state.layer = Number(layerSel.value); update(false); });
-    var chips = h("div", { "class": "chips", id: "fig6-heads", role: "group", "aria-label": "heads shown in the head view" });
+    var chips = h("div", { "class": "chips", id: "fig6-heads", role: "group", "aria-label": plain("fig6.heads_aria") });
     parent.appendChild(h("div", { "class": "controls fig6-bar" }, [
-      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "attention" }), kindBox]),
-      h("label", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "layer" }), layerSel]),
-      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: "heads" }), chips])
+      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: T("fig6.attention") }), kindBox]),
+      h("label", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: T("fig6.layer") }), layerSel]),
+      h("span", { "class": "ctl" }, [h("span", { "class": "ctl-label", text: T("fig6.heads") }), chips])
     ]));
     var note = h("p", { "class": "kind-note" });
     parent.appendChild(note);
@@ -207,7 +204,7 @@
     // Head view and detail side by side, the model view below.
     var hvBox = h("div", { "class": "hv-scroll" });
     var hvInfo = h("p", { "class": "hv-info", "data-testid": "fig6-hv-info" });
-    var headSel = h("select", { id: "fig6-head", "aria-label": "head shown in the detail view" });
+    var headSel = h("select", { id: "fig6-head", "aria-label": plain("fig6.head_aria") });
     headSel.addEventListener("change", function () {
       state.head = headSel.value === "mean" ? "mean" : Number(headSel.value);
       update(false);
@@ -217,20 +214,20 @@
     var info = h("div", { "class": "hm-info", "data-testid": "fig6-info" });
     parent.appendChild(h("div", { "class": "row fig6-views" }, [
       h("div", { "class": "panel", "data-testid": "fig6-hv-panel" }, [
-        h("h3", { text: "Head view" }),
-        h("p", { "class": "label", text: "Queries on the left, keys on the right; line opacity = attention weight, one colour per head. Hover a token to follow only its lines." }),
+        h("h3", { text: T("fig6.head_view") }),
+        h("p", { "class": "label", text: T("fig6.head_view_label") }),
         hvBox, hvInfo
       ]),
       h("div", { "class": "panel" }, [
-        h("h3", {}, ["Detail: ", detailTitle]),
-        h("div", { "class": "controls tight" }, [h("label", {}, ["show ", headSel])]),
+        h("h3", {}, [T("fig6.detail"), detailTitle]),
+        h("div", { "class": "controls tight" }, [h("label", {}, [T("fig6.show"), headSel])]),
         holder, info
       ])
     ]));
     var mvBox = h("div", { "class": "mv-outer" });
     parent.appendChild(h("div", { "class": "panel fig6-mv" }, [
-      h("h3", { text: "Model view" }),
-      h("p", { "class": "label", text: "Every layer (rows) and head (columns) of this kind at a glance (shade ∝ √weight, so faint patterns show). Click a map to open it in the detail view." }),
+      h("h3", { text: T("fig6.model_view") }),
+      h("p", { "class": "label", text: T("fig6.model_view_label") }),
       mvBox
     ]));
 
@@ -249,18 +246,18 @@
       Object.keys(kindBtns).forEach(function (kd) { kindBtns[kd].setAttribute("aria-pressed", String(kd === state.kind)); });
       if (g.layers.indexOf(state.layer) < 0) state.layer = g.layers[0];
       layerSel.textContent = "";
-      g.layers.forEach(function (L) { layerSel.appendChild(h("option", { value: String(L), text: "layer " + L })); });
+      g.layers.forEach(function (L) { layerSel.appendChild(h("option", { value: String(L), text: T("fig6.layer_n", { n: L }) })); });
       layerSel.value = String(state.layer);
       var nH = currentMap().weights.length;
       if (state.head !== "mean" && !(state.head < nH)) state.head = 0;
       headSel.textContent = "";
-      for (var k = 0; k < nH; k++) headSel.appendChild(h("option", { value: String(k), text: "head " + k }));
-      headSel.appendChild(h("option", { value: "mean", text: "mean of heads" }));
+      for (var k = 0; k < nH; k++) headSel.appendChild(h("option", { value: String(k), text: T("fig6.head_n", { n: k }) }));
+      headSel.appendChild(h("option", { value: "mean", text: T("fig6.mean") }));
       headSel.value = String(state.head);
-      note.textContent = KIND_NOTES[state.kind] || "";
+      note.innerHTML = kindNote(state.kind);
       chips.textContent = "";
       for (k = 0; k < g.nHeads; k++) chips.appendChild(chip(k));
-      var all = h("button", { type: "button", "class": "chip-all", text: "all" });
+      var all = h("button", { type: "button", "class": "chip-all", text: T("fig6.all") });
       all.addEventListener("click", function () {
         state.active = state.active.map(function () { return true; });
         update(false);
@@ -273,8 +270,8 @@
       sw.style.background = headColor(k);
       var b = h("button", {
         type: "button", "class": "chip" + (state.active[k] ? "" : " off"), "data-head": String(k),
-        "aria-pressed": String(state.active[k]), title: "show or hide head " + k + " in the head view"
-      }, [sw, "head " + k]);
+        "aria-pressed": String(state.active[k]), title: T("fig6.chip_title", { n: k })
+      }, [sw, T("fig6.head_n", { n: k })]);
       b.style.borderColor = state.active[k] ? headColor(k) : "";
       b.addEventListener("click", function () {
         state.active[k] = !state.active[k];
@@ -287,7 +284,8 @@
       fillControls();
       var m = currentMap();
       headView(hvBox, m, state.active, hvInfo, state.kind);
-      detailTitle.textContent = group().label + " · layer " + state.layer + " · " + (state.head === "mean" ? "mean of heads" : "head " + state.head);
+      detailTitle.textContent = group().label + " · " + T("fig6.layer_n", { n: state.layer }) + " · " +
+        (state.head === "mean" ? T("fig6.mean") : T("fig6.head_n", { n: state.head }));
       drawDetail(m);
       if (kindChanged || !mv) mv = modelView(mvBox, group(), pick);
       mv.select(state.layer, state.head);
@@ -327,25 +325,25 @@
   // to weights[k][t][l], one colour per active head k.
   function headView(box, m, active, info, kind) {
     box.textContent = "";
-    var qTok = m.query_tokens, kTok = m.key_tokens, T = qTok.length, L = kTok.length;
-    var n = Math.max(T, L, 1);
+    var qTok = m.query_tokens, kTok = m.key_tokens, nT = qTok.length, L = kTok.length;
+    var n = Math.max(nT, L, 1);
     var rowH = n <= 24 ? 22 : n <= 48 ? 18 : 16;
     var fontSize = rowH >= 20 ? 13 : 11.5;
     var labelW = 118, gap = 180, top = 30;
     var W = 2 * labelW + gap, Ht = top + n * rowH + 8;
     var xq = labelW, xk = labelW + gap;
     // The shorter column is centred on the first ~30 rows of the longer: in view without scrolling.
-    var span = Math.min(n, Math.max(30, Math.min(T, L)));
-    var offQ = Math.max(0, span - T) * rowH / 2, offK = Math.max(0, span - L) * rowH / 2;
+    var span = Math.min(n, Math.max(30, Math.min(nT, L)));
+    var offQ = Math.max(0, span - nT) * rowH / 2, offK = Math.max(0, span - L) * rowH / 2;
     function yq(t) { return top + offQ + (t + 0.5) * rowH; }
     function yk(l) { return top + offK + (l + 0.5) * rowH; }
     var svg = s("svg", {
       "class": "headview", viewBox: "0 0 " + W + " " + Ht, width: W, height: Ht, role: "img",
-      "aria-label": "head view: lines from queries to keys", "data-testid": "fig6-headview"
+      "aria-label": plain("fig6.hv_aria"), "data-testid": "fig6-headview"
     });
     var cross = kind === "cross";
-    s("text", { "class": "hv-head", x: xq - 6, y: 16, "text-anchor": "end", text: cross ? "target · queries" : "queries" }, svg);
-    s("text", { "class": "hv-head", x: xk + 6, y: 16, text: cross ? "keys · source" : "keys" }, svg);
+    s("text", { "class": "hv-head", x: xq - 6, y: 16, "text-anchor": "end", text: T(cross ? "fig6.hv_target_queries" : "fig6.hv_queries") }, svg);
+    s("text", { "class": "hv-head", x: xk + 6, y: 16, text: T(cross ? "fig6.hv_keys_source" : "fig6.hv_keys") }, svg);
 
     var heads = [];
     m.weights.forEach(function (_, k) { if (active[k]) heads.push(k); });
@@ -387,7 +385,7 @@
       var g = s("g", { "class": "hv-tok", tabindex: "0", "data-side": side, "data-index": String(idx), "data-testid": "fig6-hv-" + side }, svg);
       var bg = s("rect", { "class": "hv-bg", x: left ? 4 : xk + 4, y: y - rowH / 2 + 1, width: labelW - 8, height: rowH - 2, rx: 4 }, g);
       s("text", { x: left ? xq - 8 : xk + 8, y: y + fontSize * 0.36, "text-anchor": left ? "end" : "start", "font-size": fontSize, text: shorten(text, 15) }, g);
-      s("title", { text: (left ? "query " : "key ") + idx + ": " + text }, g);
+      s("title", { text: T(left ? "fig6.hv_query_title" : "fig6.hv_key_title", { i: idx, t: text }) }, g);
       g.addEventListener("mouseenter", function () { focus(side, idx); });
       g.addEventListener("focus", function () { focus(side, idx); });
       g.addEventListener("mouseleave", clear);
@@ -399,8 +397,8 @@
 
     function defaultInfo() {
       info.textContent = heads.length === 0
-        ? "All heads are off: turn one on above."
-        : count + " lines" + (th > 0 ? " (weights under " + pct(100 * th, 1) + " are not drawn, to keep the page fast)" : "") + ". Hover or focus a token.";
+        ? T("fig6.hv_all_off")
+        : T("fig6.hv_lines", { n: count }) + (th > 0 ? T("fig6.hv_threshold", { pct: pct(100 * th, 1) }) : "") + T("fig6.hv_hover");
     }
 
     function focus(side, idx) {
@@ -424,8 +422,8 @@
       // Each active head's strongest link, in words.
       info.textContent = "";
       var tokens = side === "q" ? qTok : kTok, others = side === "q" ? kTok : qTok;
-      info.appendChild(h("b", { text: (side === "q" ? "query " : "key ") + "“" + tokens[idx] + "”" }));
-      info.appendChild(document.createTextNode(side === "q" ? " looks most at: " : " is looked at most by: "));
+      info.appendChild(h("b", { text: T(side === "q" ? "fig6.hv_query" : "fig6.hv_key") + " “" + tokens[idx] + "”" }));
+      info.appendChild(document.createTextNode(T(side === "q" ? "fig6.hv_looks_at" : "fig6.hv_looked_at_by")));
       heads.forEach(function (k, n2) {
         var best = -1, arg = 0;
         others.forEach(function (_, j) {
@@ -433,7 +431,7 @@
           if (w > best) { best = w; arg = j; }
         });
         if (n2) info.appendChild(document.createTextNode(" · "));
-        var span = h("span", { "class": "hv-best", text: "head " + k + " " + (side === "q" ? "→ " : "← ") + others[arg] + " " + pct(100 * best, 0) });
+        var span = h("span", { "class": "hv-best", text: T("fig6.head_n", { n: k }) + " " + (side === "q" ? "→ " : "← ") + others[arg] + " " + pct(100 * best, 0) });
         span.style.color = headColor(k);
         info.appendChild(span);
       });
@@ -452,13 +450,13 @@
 
   // A small map drawn pixel by pixel (ImageData): cheap for any number of layers and heads.
   function thumbnail(w, color) {
-    var T = w.length, L = T ? w[0].length : 0;
-    if (!T || !L) return h("span", { "class": "mv-empty", text: "–" });
-    var sx = Math.max(1, Math.floor(THUMB_PX / L)), sy = Math.max(1, Math.floor(THUMB_PX / T));
-    var canvas = h("canvas", { width: String(L * sx), height: String(T * sy), "class": "mv-map" + (sx > 1 && sy > 1 ? " px" : "") });
+    var nT = w.length, L = nT ? w[0].length : 0;
+    if (!nT || !L) return h("span", { "class": "mv-empty", text: "–" });
+    var sx = Math.max(1, Math.floor(THUMB_PX / L)), sy = Math.max(1, Math.floor(THUMB_PX / nT));
+    var canvas = h("canvas", { width: String(L * sx), height: String(nT * sy), "class": "mv-map" + (sx > 1 && sy > 1 ? " px" : "") });
     var ctx = canvas.getContext("2d");
-    var img = ctx.createImageData(L * sx, T * sy), px = img.data, rgb = rgbOf(color), stride = L * sx * 4;
-    for (var t = 0; t < T; t++) {
+    var img = ctx.createImageData(L * sx, nT * sy), px = img.data, rgb = rgbOf(color), stride = L * sx * 4;
+    for (var t = 0; t < nT; t++) {
       for (var l = 0; l < L; l++) {
         var a = 0.04 + 0.96 * Math.sqrt(clamp01(w[t][l])); // sqrt: faint patterns stay visible at this size
         var r = 255 + (rgb[0] - 255) * a, g = 255 + (rgb[1] - 255) * a, b = 255 + (rgb[2] - 255) * a;
@@ -483,13 +481,13 @@
     tip.hidden = true;
     grid.appendChild(h("span", { "class": "mv-corner" }));
     for (var k = 0; k < g.nHeads; k++) {
-      var ch = h("span", { "class": "mv-colhead", text: "head " + k });
+      var ch = h("span", { "class": "mv-colhead", text: T("fig6.head_n", { n: k }) });
       ch.style.color = headColor(k);
       grid.appendChild(ch);
     }
     var cells = [], rowHeads = {};
     g.layers.forEach(function (L) {
-      var rh = h("span", { "class": "mv-rowhead", text: "layer " + L });
+      var rh = h("span", { "class": "mv-rowhead", text: T("fig6.layer_n", { n: L }) });
       rowHeads[L] = rh;
       grid.appendChild(rh);
       var m = g.byLayer[L];
@@ -497,7 +495,7 @@
         if (k2 >= m.weights.length) { grid.appendChild(h("span")); continue; }
         var cell = h("button", {
           type: "button", "class": "mv-cell", "data-testid": "fig6-cell", "data-layer": String(L), "data-head": String(k2),
-          "aria-label": g.label + ", layer " + L + ", head " + k2 + ": open in the detail view", "aria-describedby": "fig6-tooltip"
+          "aria-label": T("fig6.mv_cell_aria", { kind: g.label, l: L, k: k2 }), "aria-describedby": "fig6-tooltip"
         }, [thumbnail(m.weights[k2], headColor(k2))]);
         wire(cell, L, k2, m);
         cells.push(cell);
@@ -508,11 +506,11 @@
     function wire(cell, L, k3, m) {
       function show() {
         tip.textContent = "";
-        var title = h("b", { text: "layer " + L + " · head " + k3 });
+        var title = h("b", { text: T("fig6.mv_layer_head", { l: L, k: k3 }) });
         title.style.color = headColor(k3);
         tip.appendChild(title);
         tip.appendChild(h("span", { text: g.label + " · " + m.query_tokens.length + " × " + m.key_tokens.length }));
-        tip.appendChild(h("span", { "class": "dim", text: "click to open" }));
+        tip.appendChild(h("span", { "class": "dim", text: T("fig6.mv_click") }));
         tip.hidden = false;
         var ob = box.getBoundingClientRect(), cb = cell.getBoundingClientRect();
         tip.style.left = (cb.left - ob.left + cb.width / 2) + "px";
@@ -540,14 +538,14 @@
     };
   }
 
-  // Long texts: one canvas instead of T x L SVG rectangles (250,000 elements would freeze the page).
+  // Long texts: one canvas instead of nT x L SVG rectangles (250,000 elements would freeze the page).
   function heatmapCanvas(parent, qTok, kTok, w, info, color) {
-    var T = qTok.length, L = kTok.length;
-    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(T, L))));
-    var canvas = h("canvas", { width: String(L * cell), height: String(T * cell), "class": "heatmap-canvas",
-      "aria-label": "attention heatmap, " + T + " queries by " + L + " keys" });
+    var nT = qTok.length, L = kTok.length;
+    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(nT, L))));
+    var canvas = h("canvas", { width: String(L * cell), height: String(nT * cell), "class": "heatmap-canvas",
+      "aria-label": T("fig6.hm_canvas_aria", { t: nT, l: L }) });
     var ctx = canvas.getContext("2d");
-    for (var r = 0; r < T; r++) {
+    for (var r = 0; r < nT; r++) {
       for (var l = 0; l < L; l++) {
         ctx.fillStyle = tint(color, 0.04 + 0.96 * clamp01(w[r][l]));
         ctx.fillRect(l * cell, r * cell, cell, cell);
@@ -555,24 +553,24 @@
     }
     canvas.addEventListener("mousemove", function (e) {
       var box = canvas.getBoundingClientRect();
-      var ll = Math.floor((e.clientX - box.left) / box.width * L), rr = Math.floor((e.clientY - box.top) / box.height * T);
-      if (rr >= 0 && rr < T && ll >= 0 && ll < L) info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
+      var ll = Math.floor((e.clientX - box.left) / box.width * L), rr = Math.floor((e.clientY - box.top) / box.height * nT);
+      if (rr >= 0 && rr < nT && ll >= 0 && ll < L) info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
     });
-    info.textContent = T + " queries (rows) × " + L + " keys (columns); hover the map.";
+    info.textContent = T("fig6.hm_canvas", { t: nT, l: L });
     parent.appendChild(canvas);
   }
 
   function heatmap(parent, qTok, kTok, w, info, color) {
     color = color || "#2f6fd0";
-    var T = qTok.length, L = kTok.length;
-    if (T * L > 6400) { heatmapCanvas(parent, qTok, kTok, w, info, color); return; }
+    var nT = qTok.length, L = kTok.length;
+    if (nT * L > 6400) { heatmapCanvas(parent, qTok, kTok, w, info, color); return; }
     // Square cells that fit the panel's width; a tall map (many queries, few keys) scrolls.
-    var cell = Math.max(6, Math.min(44, Math.floor(360 / Math.max(L, 1)), Math.floor(900 / Math.max(T, 1))));
+    var cell = Math.max(6, Math.min(44, Math.floor(360 / Math.max(L, 1)), Math.floor(900 / Math.max(nT, 1))));
     var labels = cell >= 12;
     var left = labels ? 90 : 10, top = labels ? 70 : 10;
-    var W = left + L * cell + (labels ? 50 : 10), H = top + T * cell + 10; // room for the slanted key labels
+    var W = left + L * cell + (labels ? 50 : 10), H = top + nT * cell + 10; // room for the slanted key labels
     // Natural size (capped by CSS max-width): a short sentence stays small instead of filling the page.
-    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": "attention heatmap" });
+    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": plain("fig6.hm_aria") });
     function label(t) { return t.length > 10 ? t.slice(0, 9) + "…" : t; }
     if (labels) {
       kTok.forEach(function (t, l) {
@@ -582,7 +580,7 @@
       qTok.forEach(function (t, r) { s("text", { x: left - 6, y: top + r * cell + cell * 0.68, "text-anchor": "end", text: label(t) }, svg); });
     }
     var g = s("g", {}, svg);
-    for (var r = 0; r < T; r++) {
+    for (var r = 0; r < nT; r++) {
       for (var l = 0; l < L; l++) {
         var rect = s("rect", {
           x: left + l * cell, y: top + r * cell, width: cell - 1, height: cell - 1,
@@ -602,7 +600,7 @@
       var rr = Number(e.target.getAttribute("data-r")), ll = Number(e.target.getAttribute("data-l"));
       info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
     }
-    info.textContent = "Rows are queries, columns keys; hover a cell.";
+    info.textContent = T("fig6.hm_rows");
     parent.appendChild(svg);
   }
 
