@@ -64,7 +64,7 @@ def test_the_demo_reads_the_shipped_recipe(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_demo(tmp_path / "demo", quiet=True)
     assert seen["cfg"] == load_train_config("demo")
-    assert seen["cfg"].train.steps == 300 and seen["cfg"].data.corpus == "demo"
+    assert seen["cfg"].train.steps == 450 and seen["cfg"].data.corpus == "demo"
 
 
 def test_train_mt_writes_a_usable_run(tiny_run):

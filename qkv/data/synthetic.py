@@ -116,6 +116,16 @@ HELD_OUT: frozenset[tuple[str, str]] = frozenset(
 
 SEED_SENTENCE: tuple[str, str] = ("小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep.")
 
+# The words the templates write between their slots.
+GLUE: tuple[str, ...] = ("想", "不想", "因为", "所以")
+# Every Chinese word the generator writes: the demo's tokenizer keeps each one a piece of its own
+# (BPETokenizer.train(words=...)), so the seed sentence reads 小明 | 累了 | ， | 他 | 想 | 睡觉 | 。 and
+# a row of the model is 他, not a merge such as 他想.
+ZH_WORDS: tuple[str, ...] = tuple(
+    [zh for zh, *_ in PEOPLE] + [zh for zh, _ in PRONOUNS.values()]
+    + [zh for table in (STATES, WISHES, PLACES, TIMES) for zh, _ in table] + list(GLUE)
+)
+
 # Unseen sentences (each has a held-out combination) for the demo to translate; all are in the test split.
 UNSEEN_EXAMPLES: tuple[tuple[str, str], ...] = (
     SEED_SENTENCE,
@@ -289,6 +299,6 @@ def all_examples() -> tuple[Example, ...]:
 
 __all__ = [
     "PEOPLE", "PRONOUNS", "STATES", "WISHES", "PLACES", "TIMES", "TEMPLATES", "HELD_OUT",
-    "SEED_SENTENCE", "UNSEEN_EXAMPLES", "Example", "sample_example", "make_pairs", "demo_corpus",
+    "SEED_SENTENCE", "UNSEEN_EXAMPLES", "GLUE", "ZH_WORDS", "Example", "sample_example", "make_pairs", "demo_corpus",
     "all_examples",
 ]

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from qkv.data.batching import Example
 from qkv.data.corpora import read_parallel, read_parallel_files
-from qkv.data.synthetic import DEMO, demo_corpus
+from qkv.data.synthetic import DEMO, ZH_WORDS, demo_corpus
 from qkv.tokenizers.bpe import BPETokenizer
 
 
@@ -69,9 +69,13 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     return read_parallel(cfg.corpus, split, cfg.src_lang, cfg.tgt_lang, cfg.data_dir)
 
 
-def train_joint_bpe(src: Sequence[str], tgt: Sequence[str], vocab_size: int):
-    """One BPE vocabulary for both languages (Section 5.1), trained on the training pairs only."""
-    return BPETokenizer.train(list(src) + list(tgt), vocab_size)
+def train_joint_bpe(src: Sequence[str], tgt: Sequence[str], vocab_size: int, corpus: str | None = None):
+    """One BPE vocabulary for both languages (Section 5.1), trained on the training pairs only.
+
+    The demo corpus's Chinese words are kept whole (synthetic.ZH_WORDS): a token is a word or a piece
+    of one, never two words merged."""
+    words = ZH_WORDS if corpus == DEMO else ()
+    return BPETokenizer.train(list(src) + list(tgt), vocab_size, words=words)
 
 
 def encode_pairs(tokenizer, src: Sequence[str], tgt: Sequence[str]) -> list[Example]:

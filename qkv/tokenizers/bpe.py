@@ -18,6 +18,7 @@ BPE tokenizer is trained or loaded.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -38,20 +39,26 @@ def _hf() -> Any:
     return tokenizers
 
 
-def _build(kind: str) -> Any:
+def _build(kind: str, words: Sequence[str] = ()) -> Any:
     """An untrained ``tokenizers.Tokenizer`` of the given kind, with its normalizer, pre-tokenizer, decoder."""
     tk = _hf()
-    from tokenizers import decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
     if kind == "bpe":
         tok = tk.Tokenizer(models.BPE(unk_token=UNK))
         tok.normalizer = normalizers.NFC()
         # prepend_scheme="never": no space is invented before the first word, so decoding gives back
         # the text exactly (a word at the start of a line and after a space are different tokens).
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
+        steps = [
             pre_tokenizers.Metaspace(replacement=_META, prepend_scheme="never", split=True),
             pre_tokenizers.Punctuation(behavior="isolated"),
-        ])
+        ]
+        if words:
+            # Each known word is a piece of its own, so no merge joins two words: text without spaces
+            # (Chinese) keeps the boundaries of a lexicon, longest word first.
+            ordered = sorted(set(words), key=lambda w: (-len(w), w))
+            steps.insert(0, pre_tokenizers.Split(Regex("|".join(map(re.escape, ordered))), behavior="isolated"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
         tok.decoder = decoders.Metaspace(replacement=_META, prepend_scheme="never", split=True)
     elif kind == "bytelevel":
         tok = tk.Tokenizer(models.BPE())
@@ -99,6 +106,7 @@ class BPETokenizer:
         kind: str = "bpe",
         min_frequency: int = 2,
         show_progress: bool = False,
+        words: Sequence[str] = (),
     ) -> BPETokenizer:
         """Learn merges from ``texts`` until the vocabulary has ``vocab_size`` entries.
 
@@ -106,10 +114,15 @@ class BPETokenizer:
         can end up smaller (the corpus has no more merges of ``min_frequency``), or larger for
         ``kind="bpe"`` when the corpus has more distinct characters than ``vocab_size``: every
         character seen is kept, so training text always round-trips.
+
+        ``words`` (``kind="bpe"``): a lexicon whose words are never merged with what is around them,
+        for text whose words no space separates (the demo's Chinese: 他 and 想 stay two tokens).
         """
         if vocab_size <= len(SPECIAL_TOKENS):
             raise TokenizerError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
-        tok = _build(kind)
+        if words and kind != "bpe":
+            raise TokenizerError("words= keeps a lexicon's boundaries for kind='bpe' only")
+        tok = _build(kind, words)
         from tokenizers import pre_tokenizers, trainers
 
         extra = {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()} if kind == "bytelevel" else {}

@@ -215,7 +215,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     def prepare() -> None:
         with Run(run_dir).starting(resume, overwrite):
             if not resume:
-                train_joint_bpe(train_src, train_tgt, d.vocab_size).save(run_dir)
+                train_joint_bpe(train_src, train_tgt, d.vocab_size, d.corpus).save(run_dir)
             tok = load_tokenizer(run_dir)
             # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
             resolved = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))

@@ -147,3 +147,29 @@ def test_the_demo_corpus_as_instruction_pairs_for_fine_tuning():
     assert load_pairs(f"{DEMO}:test")[0].prompt == f"Chinese: {SEED_SENTENCE[0]}\nEnglish:"
     with pytest.raises(DataError, match="the demo corpus has the splits"):
         load_pairs(f"{DEMO}:dev")
+
+
+def test_zh_words_cover_every_template_and_the_demo_tokenizer_keeps_them_whole(corpus):
+    from qkv.data.translation import train_joint_bpe
+
+    punctuation = "，。"
+    for zh, _ in syn.TEMPLATES.values():
+        literal = re.sub(r"\{\w\}", "|", zh)
+        assert {w for w in re.split(rf"[|{punctuation}]", literal) if w} <= set(syn.GLUE), zh
+    words = sorted(syn.ZH_WORDS, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, words)) + f"|[{punctuation}]")
+    tok = train_joint_bpe(*corpus["train"], 400, syn.DEMO)
+    for zh in corpus["train"][0][:300] + corpus["test"][0][:100]:
+        pieces = pattern.findall(zh)
+        assert "".join(pieces) == zh  # the sentence is exactly a sequence of the generator's words
+        # ... and every token lies inside one of them.
+        bounds, at = set(), 0
+        for piece in pieces:
+            at += len(piece)
+            bounds.add(at)
+        at = 0
+        for t in (tok.id_to_token(i) for i in tok.encode(zh)):
+            start, at = at, at + len(t)
+            assert not any(start < b < at for b in bounds), (zh, t)
+    seed = [tok.id_to_token(i) for i in tok.encode(syn.SEED_SENTENCE[0])]
+    assert seed == ["小明", "累了", "，", "他", "想", "睡觉", "。"]

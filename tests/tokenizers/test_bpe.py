@@ -135,3 +135,19 @@ def test_lone_surrogates_become_the_replacement_character(bpe):
     assert bpe.encode("a\ud800b") == bpe.encode("a\ufffdb")
     assert bpe.encode_batch(["\udc80x", "ok"]) == [bpe.encode("\ufffdx"), bpe.encode("ok")]
     assert bpe.encode("\U0001F600") == bpe.encode("\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16"))
+
+
+def test_a_lexicon_keeps_its_words_apart(tmp_path):
+    """With words=, no merge joins two words written without a space; the boundaries survive saving."""
+    texts = ["他想睡觉。", "她想回家。", "他想回家。"] * 20
+    plain = BPETokenizer.train(texts, vocab_size=40)
+    assert plain.id_to_token(plain.encode("他想睡觉。")[0]).startswith("他想")  # merged without a lexicon
+    kept = BPETokenizer.train(texts, vocab_size=40, words=["他", "她", "想", "睡觉", "回家"])
+    tokens = [kept.id_to_token(i) for i in kept.encode("他想睡觉。")]
+    assert tokens == ["他", "想", "睡觉", "。"]
+    kept.save(tmp_path)
+    again = BPETokenizer.load(tmp_path / "tokenizer.json")
+    assert again.encode("他想睡觉。") == kept.encode("他想睡觉。")
+    assert again.decode(again.encode("他想睡觉。")) == "他想睡觉。"
+    with pytest.raises(TokenizerError, match="kind='bpe' only"):
+        BPETokenizer.train(texts, vocab_size=300, kind="bytelevel", words=["他"])
