@@ -12,12 +12,13 @@ The result is the explorer's payload: ``{"text", "output", "model_name", "maps":
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from qkv.generation.api import Translator
 from qkv.generation.decode import generate
+from qkv.interpret.ablation import Head, heads_off
 from qkv.interpret.capture import capture_attention
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS
 from qkv.io import evaluating, model_device, valid_text
@@ -97,19 +98,37 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
 
 
 def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
-                            device: str | torch.device | None = "cpu") -> Callable[[str], dict]:
-    """Load a run once; return text -> payload (the explorer's figure 6 and ``qkv plot attention``)."""
+                            device: str | torch.device | None = "cpu") -> Callable[..., dict]:
+    """Load a run once; return ``(text, off=()) -> payload`` (the explorer's model figure and ``qkv plot
+    attention``). ``off``: heads to switch off (``ablation.heads_off``) while the model translates or
+    continues ``text``; the payload then says which, and what the model wrote with every head on."""
     run = Run.of(run)
     if run.arch == "transformer":
         translator = Translator.from_run(run, device=device)
+        model = translator.model
 
-        def provide(text: str) -> dict:
-            return translation_maps(translator, checked_text(text), beam)
+        def maps_of(text: str) -> dict:
+            return translation_maps(translator, text, beam)
+
+        def all_on(text: str) -> str:
+            return translator.translate(text, beam=beam)
     else:
         model, tokenizer = load_model(run, device=device)
 
-        def provide(text: str) -> dict:
-            return completion_maps(model, tokenizer, checked_text(text), max_new_tokens)
+        def maps_of(text: str) -> dict:
+            return completion_maps(model, tokenizer, text, max_new_tokens)
+
+        def all_on(text: str) -> str:
+            return completion_maps(model, tokenizer, text, max_new_tokens)["output"]
+
+    def provide(text: str, off: Sequence[Head] = ()) -> dict:
+        text = checked_text(text)
+        with heads_off(model, off):
+            payload = maps_of(text)
+        if off:
+            payload["off"] = [list(head) for head in off]
+            payload["output_all_heads"] = all_on(text)
+        return payload
 
     return provide
 

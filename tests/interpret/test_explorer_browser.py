@@ -977,3 +977,35 @@ def test_exported_page_in_each_language_works_from_file_url(watched, tmp_path, l
     assert step_to_the_end(page) == TRACES["teacher"]["target"]
     assert page.get_by_test_id("practice-row").count() == 5
     assert all(u.startswith("file://") for u in watched.requests)
+
+
+def test_switching_a_head_off_translates_again_without_it(watched, server, mt_run):
+    from playwright.sync_api import expect
+
+    from qkv.interpret.model_maps import make_attention_provider
+
+    provide = make_attention_provider(mt_run)
+    # What the page must show, computed first: the server's thread and this one must not run the model at once.
+    all_on, off = provide(REAL_TEXT)["output"], provide(REAL_TEXT, off=[("cross", 1, 0)])["output"]
+    server.attention_provider = provide
+    try:
+        page = open_page(watched)
+        page.locator("#fig6-text").fill(REAL_TEXT)
+        page.locator("#fig6-run").click()
+        expect(page.get_by_test_id("fig6-outbox")).to_be_visible(timeout=30_000)
+        page.locator("#fig6-kinds [data-kind=cross]").click()
+        page.locator("[data-testid=fig6-cell][data-layer='1'][data-head='0']").click()
+        switch = page.get_by_test_id("fig6-switch")
+        assert switch.get_attribute("data-head") == "cross:1:0"
+        switch.click()
+        expect(page.get_by_test_id("fig6-output-all")).to_have_text(all_on)
+        expect(page.get_by_test_id("fig6-output-text")).to_have_text(off or "")
+        assert "cross · layer 1 · head 0" in page.get_by_test_id("fig6-off").text_content()
+        cell = page.locator("[data-testid=fig6-cell][data-layer='1'][data-head='0']")
+        assert "off" in cell.get_attribute("class").split()
+        assert page.get_by_test_id("fig6-switch").text_content() == "Switch this head back on"
+        page.get_by_test_id("fig6-all-on").click()
+        expect(page.get_by_test_id("fig6-output-all")).to_have_count(0)
+        assert page.get_by_test_id("fig6-off").text_content() == ""
+    finally:
+        server.attention_provider = None

@@ -471,3 +471,25 @@ def test_every_catalog_key_the_page_uses_exists_in_both_languages():
     missing = sorted(k for k in used if k not in CATALOG["zh"] and not (
         k[-1] in "._" and any(c.startswith(k) for c in CATALOG["zh"])))
     assert not missing, missing
+
+
+def test_attention_with_heads_switched_off(server):
+    seen = []
+
+    def provider(text, off=()):
+        seen.append(list(off))
+        return fake_provider(text)
+
+    server.attention_provider = provider
+    try:
+        assert get(server, "/api/attention?text=hi")[0] == 200
+        assert get(server, "/api/attention?text=hi&off=" + urllib.parse.quote("cross:1:0,encoder_self:0:3"))[0] == 200
+        payload = json.dumps({"text": "hi", "off": "cross:0:1"}).encode()
+        assert get(server, "/api/attention", "POST", {"Content-Type": "application/json"}, payload)[0] == 200
+        assert seen == [[], [("cross", 1, 0), ("encoder_self", 0, 3)], [("cross", 0, 1)]]
+        status, _, body = get(server, "/api/attention?text=hi&off=cross:1")
+        assert status == 400 and "KIND:LAYER:HEAD" in json.loads(body)["error"]
+        payload = json.dumps({"text": "hi", "off": 3}).encode()
+        assert get(server, "/api/attention", "POST", {"Content-Type": "application/json"}, payload)[0] == 400
+    finally:
+        server.attention_provider = None

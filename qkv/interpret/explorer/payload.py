@@ -6,6 +6,8 @@ output of an ``attention_provider``) and ``export_page(attention_data=...)``. Th
     {
       "text": "the input text",                 # optional
       "output": "the translation",              # optional: translation or continuation
+      "off": [["cross", 1, 0]],                 # optional: the heads switched off (kind, layer, head)
+      "output_all_heads": "...",                # optional, with "off": the output with every head on
       "model_name": "runs/demo",                # optional
       "maps": [
         {
@@ -42,7 +44,7 @@ ROW_SUM_TOL = 1e-3
 # draws line opacities equal to the weights) at ~10 characters a number.
 DECIMALS = 7
 KINDS: tuple[str, ...] = tuple(CONSTANTS["KINDS"])  # static/constants.js, which the page reads too
-TEXT_KEYS = ("text", "output", "model_name")
+TEXT_KEYS = ("text", "output", "model_name", "output_all_heads")
 
 
 class AttentionDataError(QkvError, ValueError):
@@ -78,7 +80,7 @@ def normalize_attention_data(data: Any) -> dict:
     """
     if not isinstance(data, dict):
         raise AttentionDataError(f"attention data must be a dict, got {type(data).__name__}")
-    unknown = set(data) - {*TEXT_KEYS, "maps"}
+    unknown = set(data) - {*TEXT_KEYS, "maps", "off"}
     if unknown:
         raise AttentionDataError(
             f"unknown key(s) in attention data: {sorted(unknown)}; expected {', '.join(TEXT_KEYS)}, maps"
@@ -91,6 +93,8 @@ def normalize_attention_data(data: Any) -> dict:
             if len(data[key]) > MAX_STRING_CHARS:
                 raise AttentionDataError(f"{key} has {len(data[key])} characters; the limit is {MAX_STRING_CHARS}")
             out[key] = data[key]
+    if data.get("off"):
+        out["off"] = _heads(data["off"])
     maps = data.get("maps")
     if not isinstance(maps, (list, tuple)) or not maps:
         raise AttentionDataError("maps must be a non-empty list")
@@ -144,6 +148,17 @@ def normalize_attention_data(data: Any) -> dict:
         out["maps"].append(
             {"name": m["name"], **extra, "query_tokens": q_tok, "key_tokens": k_tok, "weights": heads}
         )
+    return out
+
+
+def _heads(value: Any) -> list[list]:
+    """``off``: a list of [kind, layer, head]."""
+    out = []
+    for i, item in enumerate(_as_list(value) if isinstance(value, (list, tuple)) else [None]):
+        kind, layer, head = item if isinstance(item, (list, tuple)) and len(item) == 3 else (None, None, None)
+        if kind not in KINDS or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (layer, head)):
+            raise AttentionDataError(f"off[{i}] must be [kind, layer, head] with kind one of {', '.join(KINDS)}")
+        out.append([kind, layer, head])
     return out
 
 

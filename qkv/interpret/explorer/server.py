@@ -4,8 +4,9 @@ Routes:
     GET /, /index.html, /<file>   the page files in ``static/`` (a fixed whitelist; no subfolders)
     GET /cjk.otf                  the CJK font qkv brings (``qkv.interpret.fonts``), for Chinese tokens
     GET /api/status               {"model": bool, "default_text": str, "max_text_chars": int, ...}
-    GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (the model figure)
-    POST /api/attention           the same with a JSON body {"text": "..."}
+    GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (the model figure);
+                                  &off=cross:1:0,... switches those heads off (qkv.interpret.ablation)
+    POST /api/attention           the same with a JSON body {"text": "...", "off": "cross:1:0"}
     GET /api/trace?text=...       the ``trace_provider``'s trace for ``text`` (qkv.interpret.traces: the
                                   training-and-generating figure or GPT's practice problems); POST too
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from qkv.interpret.ablation import parse_heads
 from qkv.interpret.explorer.language import check_lang, with_default_lang
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS, AttentionDataError, normalize_attention_data
 from qkv.interpret.fonts import FONT_URL, font_bytes
@@ -343,9 +345,15 @@ class ExplorerHandler(BaseHTTPRequestHandler):
         elif path in ("/api/attention", "/api/trace"):
             if method == "HEAD":  # would run the model for nothing
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"use GET or POST for {path}")
-            text = self._read_body_text() if method == "POST" else self._query_text(query)
+            if method == "POST":
+                body = self._read_body()
+                text, off = body["text"], body.get("off", "")
+            else:
+                text, off = self._query_text(query), self._query_field(query, "off")
+            if not isinstance(off, str):
+                raise RequestError(HTTPStatus.BAD_REQUEST, 'off must be a string such as "cross:1:0,cross:1:2"')
             if path == "/api/attention":
-                self._attention(text)
+                self._attention(text, off)
             else:
                 self._trace(text)
         else:
@@ -366,19 +374,28 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             out["sizes"] = srv.model_sizes
         return out
 
-    def _query_text(self, query: str) -> str:
+    def _query_fields(self, query: str) -> dict[str, list[str]]:
         try:
-            fields = parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=8)
+            return parse_qs(query, keep_blank_values=True, errors="strict", max_num_fields=8)
         except (ValueError, UnicodeDecodeError) as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad query string: {err}") from None
-        values = fields.get("text")
+
+    def _query_field(self, query: str, name: str) -> str:
+        """An optional field given at most once ("" when absent)."""
+        values = self._query_fields(query).get(name, [""])
+        if len(values) > 1:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"give '{name}' once")
+        return values[0]
+
+    def _query_text(self, query: str) -> str:
+        values = self._query_fields(query).get("text")
         if not values:
             raise RequestError(HTTPStatus.BAD_REQUEST, "missing 'text' parameter: /api/attention?text=...")
         if len(values) > 1:
             raise RequestError(HTTPStatus.BAD_REQUEST, "give 'text' once")
         return values[0]
 
-    def _read_body_text(self) -> str:
+    def _read_body(self) -> dict:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
             raise RequestError(
@@ -415,7 +432,7 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, "body is JSON nested too deep") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise RequestError(HTTPStatus.BAD_REQUEST, 'body must be a JSON object {"text": "..."}')
-        return obj["text"]
+        return obj
 
     def _checked(self, text: str) -> str:
         if len(text) > MAX_TEXT_CHARS:
@@ -429,14 +446,15 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, "text contains a NUL character")
         return text
 
-    def _provide(self, provider: Callable[[str], dict] | None, text: str, what: str) -> dict:
-        """``provider(text)``, one model call at a time; a text it cannot read is a 400, anything else a 500."""
+    def _provide(self, provider: Callable[..., dict] | None, text: str, what: str, **options) -> dict:
+        """``provider(text, **options)``, one model call at a time; a text (or option) it cannot take is a
+        400, anything else a 500."""
         text = self._checked(text)
         if provider is None:
             raise RequestError(HTTPStatus.NOT_FOUND, NO_MODEL_MESSAGE)
         try:
             with self.server.provider_lock:
-                return provider(text)
+                return provider(text, **options)
         except (ValueError, KeyError) as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the model could not read this text: {err}") from None
         except Exception:  # noqa: BLE001
@@ -449,8 +467,13 @@ class ExplorerHandler(BaseHTTPRequestHandler):
     def _trace(self, text: str) -> None:
         self._send_json(HTTPStatus.OK, self._provide(self.server.trace_provider, text, "trace"))
 
-    def _attention(self, text: str) -> None:
-        raw = self._provide(self.server.attention_provider, text, "attention")
+    def _attention(self, text: str, off: str = "") -> None:
+        try:
+            heads = parse_heads(off)
+        except ValueError as err:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"off: {err}") from None
+        options = {"off": heads} if heads else {}
+        raw = self._provide(self.server.attention_provider, text, "attention", **options)
         try:
             data = normalize_attention_data(raw)
         except AttentionDataError as err:

@@ -285,7 +285,13 @@ globalThis.QKVCatalog = {
   "fig6.hm_aria": "注意力热图",
   "fig6.hm_canvas_aria": "注意力热图，{t} 个查询 × {l} 个键",
   "stack.sizes_demo": "qkv demo 的模型",
-  "fig4.concat": "concat[o₁; o₂] = {v}"
+  "fig4.concat": "concat[o₁; o₂] = {v}",
+  "fig6.switch_off": "关掉这个头，重新翻译",
+  "fig6.switch_on": "重新打开这个头",
+  "fig6.off_list": "已关掉的头：{heads}",
+  "fig6.all_on": "全部打开",
+  "fig6.output_all": "全部头都开着时",
+  "fig6.switch_note": "关掉一个头：它的输出在乘 <i>W<sup>O</sup></i> 之前置零，其余不变。它的注意力图照样画出来，但对结果不再有贡献；上面的译文是关掉之后的。"
  },
  "en": {
   "lang.code": "en",
@@ -562,6 +568,12 @@ globalThis.QKVCatalog = {
   "fig6.hm_aria": "attention heatmap",
   "fig6.hm_canvas_aria": "attention heatmap, {t} queries by {l} keys",
   "stack.sizes_demo": "the qkv demo model",
-  "fig4.concat": "concat[o₁; o₂] = {v}"
+  "fig4.concat": "concat[o₁; o₂] = {v}",
+  "fig6.switch_off": "Switch this head off and translate again",
+  "fig6.switch_on": "Switch this head back on",
+  "fig6.off_list": "Heads switched off: {heads}",
+  "fig6.all_on": "All heads on",
+  "fig6.output_all": "with every head on",
+  "fig6.switch_note": "A head switched off: its output is zeroed before <i>W<sup>O</sup></i>, everything else stays. Its map is still drawn, but it no longer contributes; the output above is the one without it."
  }
 };

@@ -27,7 +27,8 @@
   var HV_THRESHOLDS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3];
   var THUMB_PX = 144; // model-view maps are drawn at up to 144 px and shown at ~80 CSS px (sharp on HiDPI)
   // Choices survive a new "Show attention": the user keeps looking at the same kind, layer, heads.
-  var fig6Memory = { kind: null, layer: null, head: null, active: null };
+  // off: the heads switched off ("kind:layer:head"), kept for every later sentence until switched on.
+  var fig6Memory = { kind: null, layer: null, head: null, active: null, off: [] };
 
   function headColor(k) {
     if (k < HEAD_COLORS.length) return HEAD_COLORS[k];
@@ -123,16 +124,24 @@
       e.preventDefault();
       run();
     });
+    // Switching a head off or on translates the sentence again without (or with) it.
+    function toggleHead(name) {
+      var off = fig6Memory.off, at = off.indexOf(name);
+      if (at >= 0) off.splice(at, 1); else off.push(name);
+      run();
+    }
+    function allOn() { fig6Memory.off = []; run(); }
     function run() {
       button.disabled = true;
       button.textContent = T("fig6.running");
       out.classList.add("busy");
-      fetch("/api/attention?text=" + encodeURIComponent(input.value)).then(function (r) {
+      var query = "text=" + encodeURIComponent(input.value) + (fig6Memory.off.length ? "&off=" + encodeURIComponent(fig6Memory.off.join(",")) : "");
+      fetch("/api/attention?" + query).then(function (r) {
         return r.json().then(function (j) { return { ok: r.ok, json: j }; });
       }).then(function (res) {
         out.textContent = "";
         if (!res.ok) showError(out, res.json.error ? T("fig6.failed", { error: res.json.error }) : T("fig6.refused"));
-        else renderModel(out, res.json, {});
+        else renderModel(out, res.json, { toggleHead: toggleHead, allOn: allOn });
       }).catch(function (err) {
         showError(out, T("fig6.failed", { error: err.message }));
       }).then(function () {
@@ -158,6 +167,10 @@
     } else {
       if (showInput && data.text) line(T("fig6.input"), h("span", { "class": "itext", text: data.text }));
       if (hasOut) line(T(groups.byKind.cross ? "fig6.translation" : "fig6.output"), outText());
+    }
+    if (data.off && typeof data.output_all_heads === "string") {
+      // With heads switched off, what the model wrote with every head on, to compare.
+      line(T("fig6.output_all"), h("span", { "class": "otext", "data-testid": "fig6-output-all", text: data.output_all_heads }));
     }
     return box.childNodes.length ? box : null;
   }
@@ -211,6 +224,10 @@
     });
     var detailTitle = h("span", { "class": "detail-title", "data-testid": "fig6-detail-title" });
     var holder = h("div", { "class": "hm-holder", "data-testid": "fig6-heatmap" });
+    // A live model: switch the head shown here off (its output zeroed before W^O) and translate again.
+    var switchBox = h("span");
+    var offBox = h("div", { "class": "off-box", "data-testid": "fig6-off" });
+    var offNames = (data.off || []).map(function (x) { return x.join(":"); });
     var info = h("div", { "class": "hm-info", "data-testid": "fig6-info" });
     parent.appendChild(h("div", { "class": "row fig6-views" }, [
       h("div", { "class": "panel", "data-testid": "fig6-hv-panel" }, [
@@ -220,8 +237,8 @@
       ]),
       h("div", { "class": "panel" }, [
         h("h3", {}, [T("fig6.detail"), detailTitle]),
-        h("div", { "class": "controls tight" }, [h("label", {}, [T("fig6.show"), headSel])]),
-        holder, info
+        h("div", { "class": "controls tight" }, [h("label", {}, [T("fig6.show"), headSel]), switchBox]),
+        holder, info, offBox
       ])
     ]));
     var mvBox = h("div", { "class": "mv-outer" });
@@ -287,9 +304,38 @@
       detailTitle.textContent = group().label + " · " + T("fig6.layer_n", { n: state.layer }) + " · " +
         (state.head === "mean" ? T("fig6.mean") : T("fig6.head_n", { n: state.head }));
       drawDetail(m);
-      if (kindChanged || !mv) mv = modelView(mvBox, group(), pick);
+      drawSwitch();
+      if (kindChanged || !mv) mv = modelView(mvBox, group(), pick, offNames);
       mv.select(state.layer, state.head);
       mem.kind = state.kind; mem.layer = state.layer; mem.head = state.head; mem.active = state.active.slice();
+    }
+
+    function drawSwitch() {
+      switchBox.textContent = "";
+      offBox.textContent = "";
+      if (offNames.length) {
+        var named = offNames.map(function (name) {
+          var f = name.split(":");
+          return kindLabel(f[0]) + " · " + T("fig6.layer_n", { n: f[1] }) + " · " + T("fig6.head_n", { n: f[2] });
+        });
+        offBox.appendChild(h("p", { "class": "label", text: T("fig6.off_list", { heads: named.join("; ") }) }));
+        var note = h("p", { "class": "caption" });
+        note.innerHTML = T("fig6.switch_note");
+        offBox.appendChild(note);
+      }
+      if (!opts.toggleHead) return;
+      if (offNames.length) {
+        var on = h("button", { type: "button", "data-testid": "fig6-all-on", text: T("fig6.all_on") });
+        on.addEventListener("click", opts.allOn);
+        offBox.appendChild(on);
+      }
+      if (state.head === "mean") return;
+      var name = state.kind + ":" + state.layer + ":" + state.head;
+      var off = offNames.indexOf(name) >= 0;
+      var b = h("button", { type: "button", "data-testid": "fig6-switch", "data-head": name,
+        text: T(off ? "fig6.switch_on" : "fig6.switch_off") });
+      b.addEventListener("click", function () { opts.toggleHead(name); });
+      switchBox.appendChild(b);
     }
 
     function drawDetail(m) {
@@ -472,7 +518,7 @@
 
   // The model view: rows = layers, columns = heads of one kind; hovering shows which map a cell
   // is, clicking opens it in the detail view. Returns {select(layer, head)}.
-  function modelView(box, g, onPick) {
+  function modelView(box, g, onPick, offNames) {
     box.textContent = "";
     var scroll = h("div", { "class": "mv-scroll" });
     var grid = h("div", { "class": "mv-grid", "data-testid": "fig6-modelview", "data-kind": g.kind });
@@ -493,8 +539,9 @@
       var m = g.byLayer[L];
       for (var k2 = 0; k2 < g.nHeads; k2++) {
         if (k2 >= m.weights.length) { grid.appendChild(h("span")); continue; }
+        var isOff = (offNames || []).indexOf(g.kind + ":" + L + ":" + k2) >= 0;
         var cell = h("button", {
-          type: "button", "class": "mv-cell", "data-testid": "fig6-cell", "data-layer": String(L), "data-head": String(k2),
+          type: "button", "class": "mv-cell" + (isOff ? " off" : ""), "data-testid": "fig6-cell", "data-layer": String(L), "data-head": String(k2),
           "aria-label": T("fig6.mv_cell_aria", { kind: g.label, l: L, k: k2 }), "aria-describedby": "fig6-tooltip"
         }, [thumbnail(m.weights[k2], headColor(k2))]);
         wire(cell, L, k2, m);
