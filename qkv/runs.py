@@ -45,6 +45,8 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
 RESULTS_FILE = "results.json"
+PRONOUNS_JSON = "pronouns.json"  # qkv explain: which heads resolve pronouns, and what switching each off does
+PRONOUNS_PNG = "pronouns.png"
 FINETUNE_FILE = "finetune.json"
 ADAPTER_FILE = "adapter.safetensors"
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (train.logger: tensorboard)
@@ -367,6 +369,7 @@ def require_arch(run: Run, arch: str, command: str, instead: str | None = None) 
 __all__ = [
     "Run", "RunError", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
     "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
+    "PRONOUNS_JSON", "PRONOUNS_PNG",
     "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",
     "TOKENS_FILE", "WEIGHTS_SUFFIX",
 ]

@@ -43,8 +43,8 @@ def trained_runs(tmp_path_factory):
     out = {}
     for name, argv in {
         "mt": ["train", "mt", "--recipe", "demo", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
-               "model.n_layers=2", "model.dropout=0", "data.demo_train=600", "train.steps=150", "train.warmup=20",
-               "train.eval_every=150", "train.eval_bleu_sentences=0", "train.test_beam=1", "train.average_last=0"],
+               "model.n_layers=2", "model.dropout=0", "data.demo_train=2000", "train.steps=600", "train.warmup=20",
+               "train.eval_every=600", "train.eval_bleu_sentences=0", "train.test_beam=1", "train.average_last=0"],
         "gpt_char": ["train", "lm", "--recipe", "baby", f"data.path={root / 'text.txt'}", "model.d_model=32",
                      "model.n_heads=2", "model.n_layers=2", "model.d_ff=64", "model.max_len=32", "train.context=32", "train.steps=60",
                      "train.eval_every=60", "train.eval_iters=1", "train.warmup=5"],

@@ -57,7 +57,9 @@ def test_a_translation_run_is_a_marian_model_that_translates_as_qkv_does(runs, t
     for beam, expected in ((1, greedy), (4, beams)):
         out_ids = hf.generate(**batch, num_beams=beam, length_penalty=0.0, max_new_tokens=LIMIT + 1)
         got = [[t for t in row[1:].tolist() if t not in (tokenizer.pad_id, tokenizer.eos_id)] for row in out_ids]
-        assert got == expected, beam
+        # A translation that runs to the limit: qkv ends it with <eos> after LIMIT tokens, HF writes one
+        # more token in place of that <eos>. Up to the limit they agree.
+        assert [g[:LIMIT] for g in got] == expected, beam
         assert any(len(e) > 2 for e in expected)  # a model that says something
     assert auto.batch_decode(out_ids, skip_special_tokens=True) == [tokenizer.decode(e) for e in beams]
 

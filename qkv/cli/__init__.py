@@ -12,14 +12,14 @@ import argparse
 import os
 import sys
 
-from qkv.cli import data, experiment, explore, export, info, lm, mt, plot
+from qkv.cli import data, experiment, explain, explore, export, info, lm, mt, plot
 from qkv.io import MissingDependencyError
 from qkv.parallel import RankError, launched_rank
 from qkv.training import distributed
 from qkv.weights import CheckpointError
 
 # The modules that add subcommands, in the order --help lists them.
-COMMAND_MODULES = (info, mt, lm, data, plot, explore, export, experiment)
+COMMAND_MODULES = (info, mt, lm, data, plot, explore, explain, export, experiment)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from qkv.interpret.explorer.export import export_page
 from qkv.interpret.explorer.language import LANGS
 from qkv.interpret.explorer.payload import AttentionDataError
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
+from qkv.runs import PRONOUNS_JSON, Run
 
 DEFAULT_PORT = 8765
 
@@ -72,6 +74,18 @@ def _load_provider(run_dir: str):
         raise LookupError(f"--run {run_dir}: {err}") from None
 
 
+def _pronoun_head(run_dir: str) -> dict | None:
+    """The head `qkv explain` found resolving pronouns best in this run, if it was run."""
+    path = Run(run_dir).file(PRONOUNS_JSON)
+    if not path.is_file():
+        return None
+    try:
+        best = json.loads(path.read_text(encoding="utf-8"))["best"]
+        return {key: best[key] for key in ("kind", "layer", "head", "share", "n", "share_two")}
+    except (ValueError, KeyError, TypeError) as err:
+        raise LookupError(f"{path}: not what `qkv explain` writes ({err}); run it again") from None
+
+
 def _load_traces(run_dir: str):
     """The run's ``text -> trace`` function and its kind (qkv.interpret.traces), and its sizes."""
     try:
@@ -110,10 +124,11 @@ def run(args: argparse.Namespace) -> int:
         print(out)
         return 0
 
-    trace_provider = trace_kind = sizes = None
+    trace_provider = trace_kind = sizes = pronoun_head = None
     if args.run:
         try:
             trace_provider, trace_kind, sizes = _load_traces(args.run)
+            pronoun_head = _pronoun_head(args.run)
         except LookupError as err:
             return _error(str(err))
     try:
@@ -127,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             trace_kind=trace_kind,
             model_sizes=sizes,
             default_lang=args.lang,
+            pronoun_head=pronoun_head,
         )
     except OSError as err:
         hint = " (pass --port 0 to pick a free port)" if args.port else ""

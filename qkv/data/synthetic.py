@@ -9,6 +9,12 @@ things that make attention necessary:
   ``小红明天在学校想吃饭。`` -> ``Xiaohong wants to eat at school tomorrow.``; ``因为 A，所以 B`` becomes
   ``B because A``, so the clauses swap places.
 - Agreement across clauses: 他/她 become he/she, and each name has a fixed gender.
+- Pronouns whose antecedent decides the English (the first article's question, 他 -> 小明): a dropped
+  subject (``小明累了，想睡觉。`` -> ``..., he wants to sleep.``), 自己 (``小红觉得自己累了。`` -> ``... she
+  is tired.``), 自己 with a second person of the other gender (``小明告诉小红自己累了。`` -> ``Xiaoming
+  tells Xiaohong that he is tired.``), two people and a pronoun that picks one of them, and the pronoun
+  before its name (``他累了，小明想睡觉。``). Each sentence knows its pronoun's antecedent
+  (:meth:`Example.link`), the gold link a head that resolves pronouns is measured against.
 - Compositional generalization: some (person, state) and (person, wish) combinations never occur in
   training (:data:`HELD_OUT`); every validation and test sentence contains at least one of them, so
   the test set measures translation of unseen sentences, although every word occurs in training.
@@ -86,8 +92,9 @@ TIMES: tuple[tuple[str, str], ...] = (
     ("周末", "on the weekend"),
 )
 
-# Templates: name -> (Chinese, English). Slots: P person, R pronoun, S state, W/V wishes, L place, T time.
-# The English side reorders what Chinese puts first (time, place, the "because" clause).
+# Templates: name -> (Chinese, English). Slots: P person, Q a second person (of the other gender), R the
+# pronoun of the antecedent (Rc capitalized), S state, W/V wishes, L place, T time. The English side
+# reorders what Chinese puts first (time, place, the "because" clause).
 TEMPLATES: dict[str, tuple[str, str]] = {
     "state_wish": ("{P}{S}，{R}想{W}。", "{P} is {S}, {R} wants to {W}."),
     "time_place": ("{P}{T}{L}想{W}。", "{P} wants to {W} {L} {T}."),
@@ -96,7 +103,16 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "place_state": ("{P}{L}{S}，{R}想{W}。", "{P} is {S} {L}, {R} wants to {W}."),
     "not_but": ("{P}不想{W}，{R}想{V}。", "{P} does not want to {W}, {R} wants to {V}."),
     "because": ("因为{P}{S}，所以{R}想{W}。", "{P} wants to {W} because {R} is {S}."),
+    # The antecedent decides the English pronoun: Chinese has none (a dropped subject) or 自己.
+    "zero": ("{P}{S}，想{W}。", "{P} is {S}, {R} wants to {W}."),
+    "self": ("{P}觉得自己{S}。", "{P} feels that {R} is {S}."),
+    "tell_self": ("{P}告诉{Q}自己{S}。", "{P} tells {Q} that {R} is {S}."),
+    # Two candidates, and the pronoun's gender picks one; the pronoun before its name.
+    "two": ("{P}和{Q}{L}，{R}想{W}。", "{P} and {Q} are {L}, {R} wants to {W}."),
+    "swapped": ("{R}{S}，{P}想{W}。", "{Rc} is {S}, {P} wants to {W}."),
 }
+# Templates whose English pronoun no Chinese word genders: only the antecedent tells he from she.
+NEEDS_ANTECEDENT: frozenset[str] = frozenset({"zero", "self", "tell_self"})
 
 # Combinations never seen in training: each person has one held-out state and one held-out wish,
 # each state and wish is held out for at most one person, so every word still occurs in training
@@ -117,7 +133,7 @@ HELD_OUT: frozenset[tuple[str, str]] = frozenset(
 SEED_SENTENCE: tuple[str, str] = ("小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep.")
 
 # The words the templates write between their slots.
-GLUE: tuple[str, ...] = ("想", "不想", "因为", "所以")
+GLUE: tuple[str, ...] = ("想", "不想", "因为", "所以", "觉得", "自己", "告诉", "和")
 # Every Chinese word the generator writes: the demo's tokenizer keeps each one a piece of its own
 # (BPETokenizer.train(words=...)), so the seed sentence reads 小明 | 累了 | ， | 他 | 想 | 睡觉 | 。 and
 # a row of the model is 他, not a merge such as 他想.
@@ -151,21 +167,44 @@ class Example:
     wish2: str | None = None
     place: str | None = None
     time: str | None = None
+    other: str | None = None  # Q, the second person, of the other gender
+    refers_to_other: bool = False  # "two": the pronoun is Q's
+
+    @property
+    def antecedent(self) -> str:
+        """The person the sentence's pronoun (or dropped subject, or 自己) refers to."""
+        return self.other if self.refers_to_other else self.person
 
     def render(self) -> tuple[str, str]:
         """(Chinese, English)."""
         zh_t, en_t = TEMPLATES[self.template]
-        pron_zh, pron_en = PRONOUNS[_GENDER[self.person]]
-        zh = {"P": self.person, "R": pron_zh, "S": self.state, "W": self.wish, "V": self.wish2,
+        pron_zh, pron_en = PRONOUNS[_GENDER[self.antecedent]]
+        zh = {"P": self.person, "Q": self.other, "R": pron_zh, "S": self.state, "W": self.wish, "V": self.wish2,
               "L": self.place, "T": self.time}
-        en = {"P": _ZH["P"][self.person], "R": pron_en,
+        en = {"P": _ZH["P"][self.person], "Q": _ZH["P"].get(self.other), "R": pron_en, "Rc": pron_en.capitalize(),
               "S": _ZH["S"].get(self.state), "W": _ZH["W"].get(self.wish), "V": _ZH["W"].get(self.wish2),
               "L": _ZH["L"].get(self.place), "T": _ZH["T"].get(self.time)}
         return zh_t.format(**zh), en_t.format(**en)
 
+    def link(self) -> dict | None:
+        """The gold link of the sentence's pronoun (None if it has none): ``zh`` the Chinese pronoun (他,
+        她, 自己, or None where the subject is dropped), ``en`` the English one (he, she, He, She),
+        ``antecedent`` the name it refers to, ``candidates`` the names in the sentence,
+        ``needs_antecedent`` whether only the antecedent tells the English pronoun's gender (no gendered
+        Chinese word does)."""
+        zh_t, en_t = TEMPLATES[self.template]
+        if "{R" not in en_t:
+            return None
+        pron_zh, pron_en = PRONOUNS[_GENDER[self.antecedent]]
+        zh = "自己" if "自己" in zh_t else pron_zh if "{R}" in zh_t else None
+        en = pron_en.capitalize() if "{Rc}" in en_t else pron_en
+        names = [self.person] + ([self.other] if self.other else [])
+        return {"zh": zh, "en": en, "antecedent": self.antecedent, "candidates": names,
+                "needs_antecedent": self.template in NEEDS_ANTECEDENT}
+
     def combos(self) -> set[tuple[str, str]]:
         """The (person, state) and (person, wish) combinations this sentence contains."""
-        return {(self.person, w) for w in (self.state, self.wish, self.wish2) if w is not None}
+        return {(self.antecedent, w) for w in (self.state, self.wish, self.wish2) if w is not None}
 
     @property
     def held_out(self) -> bool:
@@ -174,7 +213,12 @@ class Example:
 
 
 def _slots(template: str) -> str:
-    return "".join(ch for ch in "SWVLT" if "{" + ch + "}" in TEMPLATES[template][0])
+    return "".join(ch for ch in "QSWVLT" if "{" + ch + "}" in TEMPLATES[template][0])  # P and R are in all
+
+
+def _others(person: str) -> list[str]:
+    """The people of the other gender: a pronoun then tells which of two is meant."""
+    return [p for p, _, g in PEOPLE if g != _GENDER[person]]
 
 
 def _sensible(template: str, wish: str, place: str | None) -> bool:
@@ -199,11 +243,15 @@ def sample_example(rng: random.Random) -> Example:
     if "L" in slots:
         kw["place"] = rng.choice(PLACES)[0]
     wishes = [w for w, _ in WISHES if _sensible(template, w, kw.get("place"))]
-    kw["wish"] = rng.choice(wishes)
+    if "W" in slots:
+        kw["wish"] = rng.choice(wishes)
     if "V" in slots:
         kw["wish2"] = rng.choice([w for w in wishes if w != kw["wish"]])
     if "T" in slots:
         kw["time"] = rng.choice(TIMES)[0]
+    if "Q" in slots:
+        kw["other"] = rng.choice(_others(person))
+        kw["refers_to_other"] = template == "two" and rng.random() < 0.5
     return Example(template, person, **kw)
 
 
@@ -220,16 +268,13 @@ def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return list(seen)
 
 
-def demo_corpus(
+def demo_examples(
     seed: int = 0, n_train: int = 20000, n_valid: int = 500, n_test: int = 500
-) -> dict[str, tuple[list[str], list[str]]]:
-    """The demo's train/valid/test splits.
+) -> dict[str, list[Example]]:
+    """The demo's train/valid/test splits as :class:`Example` s (each knows its pronoun's gold link).
 
     Train holds no sentence with a :data:`HELD_OUT` combination; valid and test hold only such
     sentences, and no pair occurs in two splits. Test starts with :data:`UNSEEN_EXAMPLES`.
-
-    Returns:
-        ``{"train": (zh_lines, en_lines), "valid": (...), "test": (...)}``.
     """
     if min(n_train, n_valid) < 0 or n_test < len(UNSEEN_EXAMPLES):
         raise ValueError(f"demo_corpus: need n_train, n_valid >= 0 and n_test >= {len(UNSEEN_EXAMPLES)}")
@@ -240,9 +285,10 @@ def demo_corpus(
             f"templates make {n_seen} sentences for train and {n_unseen} for valid + test; ask for fewer"
         )
     rng = random.Random(seed)
-    test: dict[tuple[str, str], None] = dict.fromkeys(UNSEEN_EXAMPLES)
-    valid: dict[tuple[str, str], None] = {}
-    train: dict[tuple[str, str], None] = {}
+    by_pair = _examples_by_pair()
+    test: dict[tuple[str, str], Example] = {pair: by_pair[pair] for pair in UNSEEN_EXAMPLES}
+    valid: dict[tuple[str, str], Example] = {}
+    train: dict[tuple[str, str], Example] = {}
     budget = 50 * (n_train + n_valid + n_test) + 10000
     for _ in range(budget):
         if len(train) >= n_train and len(valid) >= n_valid and len(test) >= n_test:
@@ -251,20 +297,36 @@ def demo_corpus(
         pair = ex.render()
         if not ex.held_out:
             if len(train) < n_train:
-                train.setdefault(pair, None)
+                train.setdefault(pair, ex)
         elif pair not in test and pair not in valid:
             # Alternate between the two held-out splits so both fill at the same pace.
             if len(test) < n_test and (len(valid) >= n_valid or rng.random() < 0.5):
-                test[pair] = None
+                test[pair] = ex
             elif len(valid) < n_valid:
-                valid[pair] = None
+                valid[pair] = ex
     else:
         raise ValueError(
             f"demo_corpus: could not draw {n_train}/{n_valid}/{n_test} distinct pairs "
             f"(got {len(train)}/{len(valid)}/{len(test)}); ask for fewer"
         )
-    return {name: ([zh for zh, _ in d], [en for _, en in d]) for name, d in
-            (("train", train), ("valid", valid), ("test", test))}
+    return {"train": list(train.values()), "valid": list(valid.values()), "test": list(test.values())}
+
+
+def demo_corpus(
+    seed: int = 0, n_train: int = 20000, n_valid: int = 500, n_test: int = 500
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The demo's train/valid/test splits (:func:`demo_examples`) as text.
+
+    Returns:
+        ``{"train": (zh_lines, en_lines), "valid": (...), "test": (...)}``.
+    """
+    splits = demo_examples(seed, n_train, n_valid, n_test)
+    return {name: ([ex.render()[0] for ex in exs], [ex.render()[1] for ex in exs]) for name, exs in splits.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _examples_by_pair() -> dict[tuple[str, str], Example]:
+    return {ex.render(): ex for ex in all_examples()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,7 +338,7 @@ def _space_sizes() -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=1)
 def all_examples() -> tuple[Example, ...]:
-    """Every sentence the templates can produce (50,960), in a fixed order."""
+    """Every sentence the templates can produce (56,960), in a fixed order."""
     out = []
     people = [p for p, *_ in PEOPLE]
     for template in sorted(TEMPLATES):
@@ -284,7 +346,7 @@ def all_examples() -> tuple[Example, ...]:
         states = [s for s, _ in STATES] if "S" in slots else [None]
         places = [p for p, _ in PLACES] if "L" in slots else [None]
         times = [t for t, _ in TIMES] if "T" in slots else [None]
-        wishes = [w for w, _ in WISHES]
+        wishes = [w for w, _ in WISHES] if "W" in slots else [None]
         for person in people:
             for state in states:
                 for wish in wishes:
@@ -293,12 +355,16 @@ def all_examples() -> tuple[Example, ...]:
                             if not _sensible(template, wish, place):
                                 continue
                             for time in times:
-                                out.append(Example(template, person, state, wish, wish2, place, time))
+                                for other in _others(person) if "Q" in slots else [None]:
+                                    for refers in (False, True) if template == "two" else (False,):
+                                        out.append(Example(template, person, state, wish, wish2, place, time,
+                                                           other, refers))
     return tuple(out)
 
 
 __all__ = [
     "PEOPLE", "PRONOUNS", "STATES", "WISHES", "PLACES", "TIMES", "TEMPLATES", "HELD_OUT",
-    "SEED_SENTENCE", "UNSEEN_EXAMPLES", "GLUE", "ZH_WORDS", "Example", "sample_example", "make_pairs", "demo_corpus",
+    "SEED_SENTENCE", "UNSEEN_EXAMPLES", "GLUE", "ZH_WORDS", "NEEDS_ANTECEDENT", "Example", "sample_example",
+    "make_pairs", "demo_examples", "demo_corpus",
     "all_examples",
 ]

@@ -97,21 +97,46 @@ def test_every_held_out_word_is_seen_with_other_people(corpus):
         assert any(w == word and p != person for p, w in seen), word
 
 
-def test_pronouns_agree_with_the_person(corpus):
+def test_pronouns_agree_with_their_antecedent_and_the_gold_link_is_right():
+    """Every pattern's gold link: the pronoun (Chinese and English) has its antecedent's gender, the
+    antecedent is one of the sentence's names, and only where no Chinese word genders the pronoun does
+    the translation need the antecedent."""
     gender = {zh: g for zh, _, g in syn.PEOPLE}
-    names = {en: g for _, en, g in syn.PEOPLE}
-    with_pronoun = 0
-    for zh, en in zip(*corpus["train"]):
-        person = zh[zh.index("小"):zh.index("小") + 2]
-        g = gender[person]
-        assert names[en.split()[0]] == g, en  # the English name is the Chinese one
-        wrong_zh, right_zh = ("他", "她") if g == "f" else ("她", "他")
-        wrong_en, right_en = ("he", "she") if g == "f" else ("she", "he")
-        words = re.findall(r"[a-z]+", en)
-        assert wrong_zh not in zh and wrong_en not in words, (zh, en)
-        assert (right_zh in zh) == (right_en in words), (zh, en)
-        with_pronoun += right_zh in zh
-    assert with_pronoun > 0.7 * len(corpus["train"][0])
+    english = {zh: en for zh, en, _ in syn.PEOPLE}
+    linked, by_template = 0, {}
+    for ex in syn.all_examples():
+        zh, en = ex.render()
+        words = re.findall(r"[A-Za-z]+", en)
+        assert words[0] in english.values() or ex.template == "swapped"
+        link = ex.link()
+        if link is None:  # no pronoun in either language
+            assert not {"he", "she", "He", "She"} & set(words) and "他" not in zh and "她" not in zh, (zh, en)
+            continue
+        linked += 1
+        g = gender[link["antecedent"]]
+        assert link["antecedent"] in link["candidates"] and all(c in zh for c in link["candidates"])
+        assert link["en"].lower() == {"m": "he", "f": "she"}[g]
+        assert [w for w in words if w.lower() in ("he", "she")] == [link["en"]], (zh, en)
+        if link["zh"] in ("他", "她"):
+            assert link["zh"] == {"m": "他", "f": "她"}[g] and zh.count(link["zh"]) == 1
+        assert link["needs_antecedent"] == (link["zh"] not in ("他", "她")), (zh, link)
+        assert english[link["antecedent"]] in en
+        if len(link["candidates"]) == 2:  # the other candidate has the other gender: the pronoun decides
+            a, b = link["candidates"]
+            assert gender[a] != gender[b]
+        by_template.setdefault(ex.template, set()).add((link["zh"], link["needs_antecedent"]))
+    assert linked > 0.8 * len(syn.all_examples())
+    assert by_template["zero"] == {(None, True)} and by_template["tell_self"] == {("自己", True)}
+    assert {zh for zh, _ in by_template["two"]} == {"他", "她"}
+    # "two": the pronoun is the first person's in some sentences and the second's in others.
+    two = [ex for ex in syn.all_examples() if ex.template == "two"]
+    assert {ex.refers_to_other for ex in two} == {False, True}
+
+
+def test_the_swapped_sentence_of_the_article():
+    ex = syn.Example("swapped", "小明", state="累了", wish="睡觉")
+    assert ex.render() == ("他累了，小明想睡觉。", "He is tired, Xiaoming wants to sleep.")
+    assert ex.link()["antecedent"] == "小明" and ex.link()["zh"] == "他"
 
 
 def test_one_english_rendering_per_chinese_sentence():
@@ -153,9 +178,11 @@ def test_zh_words_cover_every_template_and_the_demo_tokenizer_keeps_them_whole(c
     from qkv.data.translation import train_joint_bpe
 
     punctuation = "，。"
+    glue = re.compile("(?:" + "|".join(sorted(syn.GLUE, key=len, reverse=True)) + ")+")
     for zh, _ in syn.TEMPLATES.values():
-        literal = re.sub(r"\{\w\}", "|", zh)
-        assert {w for w in re.split(rf"[|{punctuation}]", literal) if w} <= set(syn.GLUE), zh
+        literal = re.sub(r"\{\w+\}", "|", zh)
+        for chunk in filter(None, re.split(rf"[|{punctuation}]", literal)):
+            assert glue.fullmatch(chunk), (zh, chunk)  # every word between the slots is a glue word
     words = sorted(syn.ZH_WORDS, key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, words)) + f"|[{punctuation}]")
     tok = train_joint_bpe(*corpus["train"], 400, syn.DEMO)

@@ -25,7 +25,7 @@ def mt_run(tmp_path_factory):
         model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=64),
         data=DataConfig(corpus="demo", vocab_size=120, max_tokens=400, max_src_len=40, max_tgt_len=40,
                         demo_train=400, demo_valid=8, demo_test=8),
-        train=MTTrainConfig(steps=40, warmup=5, peak_lr=3e-3, eval_every=40, eval_bleu_sentences=0, test_beam=1),
+        train=MTTrainConfig(steps=100, warmup=5, peak_lr=3e-3, eval_every=100, eval_bleu_sentences=0, test_beam=1),
     )
     torch.manual_seed(0)
     train(cfg, path, quiet=True)

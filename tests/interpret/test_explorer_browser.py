@@ -1009,3 +1009,18 @@ def test_switching_a_head_off_translates_again_without_it(watched, server, mt_ru
         assert page.get_by_test_id("fig6-off").text_content() == ""
     finally:
         server.attention_provider = None
+
+
+def test_the_model_figure_opens_on_the_head_qkv_explain_found(watched, server):
+    server.attention_provider = fake_provider
+    server.default_text = "小明累了"
+    server.pronoun_head = {"kind": "cross", "layer": 1, "head": 1, "share": 0.9, "n": 512, "share_two": 0.75}
+    try:
+        page = open_page(watched, lang="zh")
+        note = page.get_by_test_id("fig6-pronoun-head")
+        note.wait_for()
+        assert "512" in note.text_content() and "90.0%" in note.text_content() and "75.0%" in note.text_content()
+        assert page.get_by_test_id("fig6-detail-title").text_content() == "交叉注意力 · 第 1 层 · 头 1"
+    finally:
+        server.attention_provider = server.pronoun_head = None
+        server.default_text = ""

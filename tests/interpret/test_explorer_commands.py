@@ -107,3 +107,18 @@ def test_lang_is_checked_and_written_into_the_export(tmp_path, capsys):
     args = parse("--export", str(out), "--lang", "en")
     assert args.func(args) == 0
     assert 'data-default-lang="en"' in out.read_text(encoding="utf-8")
+
+
+def test_the_head_qkv_explain_found_reaches_the_server(tmp_path, monkeypatch):
+    import json
+
+    from qkv.runs import PRONOUNS_JSON
+
+    (tmp_path / PRONOUNS_JSON).write_text(json.dumps({"best": {"kind": "cross", "layer": 1, "head": 0, "share": 0.8,
+                                                               "n": 600, "share_two": 0.5, "flip": 0.1}}))
+    assert commands._pronoun_head(str(tmp_path)) == {"kind": "cross", "layer": 1, "head": 0, "share": 0.8, "n": 600,
+                                                     "share_two": 0.5}
+    (tmp_path / PRONOUNS_JSON).write_text("{}")
+    with pytest.raises(LookupError, match="run it again"):
+        commands._pronoun_head(str(tmp_path))
+    assert commands._pronoun_head(str(tmp_path / "elsewhere")) is None

@@ -85,6 +85,8 @@ class ExplorerServer(ThreadingHTTPServer):
         trace_provider: ``text -> dict`` of ``qkv.interpret.traces`` (a translation trace or GPT's
             practice problems), or None (``/api/trace`` answers 404); ``trace_kind`` says which.
         model_sizes: The model's sizes for the encoder-decoder figure, or None.
+        pronoun_head: The head ``qkv explain`` found resolving pronouns best ({kind, layer, head, share,
+            n, share_two}), which the model figure opens on; or None.
         default_lang: ``zh`` or ``en`` for a reader with no choice of their own (``--lang``), or None
             to follow the browser.
     """
@@ -106,6 +108,7 @@ class ExplorerServer(ThreadingHTTPServer):
         trace_kind: str | None = None,
         model_sizes: dict | None = None,
         default_lang: str | None = None,
+        pronoun_head: dict | None = None,
     ):
         check_lang(default_lang)
         if ":" in host.strip("[]"):
@@ -118,6 +121,7 @@ class ExplorerServer(ThreadingHTTPServer):
         self.trace_kind = trace_kind
         self.model_sizes = model_sizes
         self.default_lang = default_lang
+        self.pronoun_head = pronoun_head
         self.static_dir = Path(static_dir)
         # Whitelist taken once: only plain files of known types directly in static/.
         self.static_files = {
@@ -372,6 +376,8 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             out["trace"] = srv.trace_kind
         if srv.model_sizes:
             out["sizes"] = srv.model_sizes
+        if srv.pronoun_head:
+            out["pronoun_head"] = srv.pronoun_head
         return out
 
     def _query_fields(self, query: str) -> dict[str, list[str]]:
@@ -496,6 +502,7 @@ def make_server(
     trace_kind: str | None = None,
     model_sizes: dict | None = None,
     default_lang: str | None = None,
+    pronoun_head: dict | None = None,
 ) -> ExplorerServer:
     """Create (bind, not start) the explorer server.
 
@@ -510,6 +517,7 @@ def make_server(
             gives (``translation`` or ``practice``), or None.
         model_sizes: The model's sizes (``traces.model_sizes``) for the encoder-decoder figure.
         default_lang: ``zh`` or ``en`` for a reader who has not chosen; None follows the browser.
+        pronoun_head: The head the model figure opens on (``qkv explain``'s best), or None.
 
     Returns:
         An ``ExplorerServer``; call ``serve_forever()`` (in a thread if needed) and ``shutdown()``.
@@ -521,6 +529,7 @@ def make_server(
     return ExplorerServer(
         host, int(port), attention_provider, default_text=default_text, model_name=model_name, quiet=quiet,
         trace_provider=trace_provider, trace_kind=trace_kind, model_sizes=model_sizes, default_lang=default_lang,
+        pronoun_head=pronoun_head,
     )
 
 

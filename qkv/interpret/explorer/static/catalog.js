@@ -291,7 +291,8 @@ globalThis.QKVCatalog = {
   "fig6.off_list": "已关掉的头：{heads}",
   "fig6.all_on": "全部打开",
   "fig6.output_all": "全部头都开着时",
-  "fig6.switch_note": "关掉一个头：它的输出在乘 <i>W<sup>O</sup></i> 之前置零，其余不变。它的注意力图照样画出来，但对结果不再有贡献；上面的译文是关掉之后的。"
+  "fig6.switch_note": "关掉一个头：它的输出在乘 <i>W<sup>O</sup></i> 之前置零，其余不变。它的注意力图照样画出来，但对结果不再有贡献；上面的译文是关掉之后的。",
+  "fig6.pronoun_head": "qkv explain 找到的头：在 {n} 个留出句的代词上，它有 {share} 把最大的权重放在先行词上（有两个候选时 {two}）。"
  },
  "en": {
   "lang.code": "en",
@@ -574,6 +575,7 @@ globalThis.QKVCatalog = {
   "fig6.off_list": "Heads switched off: {heads}",
   "fig6.all_on": "All heads on",
   "fig6.output_all": "with every head on",
-  "fig6.switch_note": "A head switched off: its output is zeroed before <i>W<sup>O</sup></i>, everything else stays. Its map is still drawn, but it no longer contributes; the output above is the one without it."
+  "fig6.switch_note": "A head switched off: its output is zeroed before <i>W<sup>O</sup></i>, everything else stays. Its map is still drawn, but it no longer contributes; the output above is the one without it.",
+  "fig6.pronoun_head": "The head qkv explain found: on the pronouns of {n} held-out sentences, its largest weight is on the antecedent {share} of the time ({two} where there are two candidates)."
  }
 };

@@ -141,7 +141,7 @@
       }).then(function (res) {
         out.textContent = "";
         if (!res.ok) showError(out, res.json.error ? T("fig6.failed", { error: res.json.error }) : T("fig6.refused"));
-        else renderModel(out, res.json, { toggleHead: toggleHead, allOn: allOn });
+        else renderModel(out, res.json, { toggleHead: toggleHead, allOn: allOn, pronounHead: status.pronoun_head });
       }).catch(function (err) {
         showError(out, T("fig6.failed", { error: err.message }));
       }).then(function () {
@@ -190,6 +190,11 @@
       active: []
     };
     for (var k = 0; k < maxHeads; k++) state.active.push(mem.active && k < mem.active.length ? mem.active[k] : true);
+    // The first view of a model `qkv explain` measured: the head that resolves pronouns best.
+    var pro = opts.pronounHead;
+    if (pro && mem.kind === null && groups.byKind[pro.kind]) {
+      state.kind = pro.kind; state.layer = pro.layer; state.head = pro.head;
+    }
 
     var outBox = outputBox(data, groups, opts.showInput);
     if (outBox) parent.appendChild(outBox);
@@ -313,6 +318,10 @@
     function drawSwitch() {
       switchBox.textContent = "";
       offBox.textContent = "";
+      if (pro && state.kind === pro.kind && state.layer === pro.layer && state.head === pro.head) {
+        offBox.appendChild(h("p", { "class": "figline", "data-testid": "fig6-pronoun-head", text: T("fig6.pronoun_head", {
+          share: pct(100 * pro.share, 1), n: pro.n, two: pro.share_two === null ? "–" : pct(100 * pro.share_two, 1) }) }));
+      }
       if (offNames.length) {
         var named = offNames.map(function (name) {
           var f = name.split(":");
