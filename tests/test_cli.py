@@ -192,3 +192,22 @@ def torch_load_step(run) -> int:
     import torch
 
     return torch.load(run / "last.pt", weights_only=True)["state"]["loop"]["step"]
+
+
+def test_a_launched_rank_ends_without_the_interpreters_teardown():
+    """Under torchrun a rank leaves by os._exit once its group is destroyed: gloo's threads were seen to
+    abort a finished rank in the teardown (exit code -6). Exit codes and printed results survive."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('teardown ran'))\n"
+            "from qkv.cli import main\n"
+            "sys.exit(7 + main(['info', '--preset', 'transformer-base']))\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "63,082,496" in done.stdout and "teardown ran" not in done.stdout
+    env.pop("RANK")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7 and "teardown ran" in done.stdout  # not launched: the usual exit
