@@ -64,10 +64,14 @@ def _error(message: str) -> int:
     return 2
 
 
-def _load_provider(run_dir: str):
-    """The run's ``text -> attention maps`` function (qkv.interpret.model_maps)."""
+def _checked_run(run_dir: str) -> None:
     if not Path(run_dir).is_dir():
         raise LookupError(f"--run {run_dir}: no such directory")
+
+
+def _load_provider(run_dir: str):
+    """The run's ``text -> attention maps`` function (qkv.interpret.model_maps), for an export."""
+    _checked_run(run_dir)
     try:
         return model_maps.make_attention_provider(run_dir)
     except (FileNotFoundError, ValueError) as err:
@@ -86,13 +90,20 @@ def _pronoun_head(run_dir: str) -> dict | None:
         raise LookupError(f"{path}: not what `qkv explain` writes ({err}); run it again") from None
 
 
-def _load_traces(run_dir: str):
-    """The run's ``text -> trace`` function and its kind (qkv.interpret.traces), and its sizes."""
+def _load_views(run_dir: str) -> dict:
+    """What the server shows of a run, from one load of its model: the attention maps, the trace (and
+    its kind), the sizes and the head `qkv explain` found."""
+    _checked_run(run_dir)
     try:
-        provide, kind = traces.make_trace_provider(run_dir)
-        return provide, kind, traces.model_sizes(run_dir)
+        loaded = model_maps.load_run(run_dir)
+        trace_provider, trace_kind = traces.make_trace_provider(run_dir, loaded=loaded)
+        views = {"attention_provider": model_maps.make_attention_provider(run_dir, loaded=loaded),
+                 "trace_provider": trace_provider, "trace_kind": trace_kind,
+                 "model_sizes": traces.model_sizes(run_dir)}
     except (FileNotFoundError, ValueError) as err:
         raise LookupError(f"--run {run_dir}: {err}") from None
+    views["pronoun_head"] = _pronoun_head(run_dir)
+    return views
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,16 +112,13 @@ def run(args: argparse.Namespace) -> int:
         return _error(f"--text is {len(args.text)} characters; the limit is {MAX_TEXT_CHARS}")
     if not 0 <= args.port <= 65535:
         return _error(f"--port must be in 0..65535, got {args.port}")
-    provider = None
-    if args.run:
-        try:
-            provider = _load_provider(args.run)
-        except LookupError as err:
-            return _error(str(err))
-
     if args.export:
         data = None
-        if provider is not None:
+        if args.run:
+            try:
+                provider = _load_provider(args.run)
+            except LookupError as err:
+                return _error(str(err))
             if not args.text:
                 return _error("--export with --run needs --text: the text whose attention is embedded")
             try:
@@ -124,25 +132,20 @@ def run(args: argparse.Namespace) -> int:
         print(out)
         return 0
 
-    trace_provider = trace_kind = sizes = pronoun_head = None
+    views: dict = {"attention_provider": None}
     if args.run:
         try:
-            trace_provider, trace_kind, sizes = _load_traces(args.run)
-            pronoun_head = _pronoun_head(args.run)
+            views = _load_views(args.run)
         except LookupError as err:
             return _error(str(err))
     try:
         return serve(
             args.host,
             args.port,
-            provider,
             default_text=args.text or "",
             model_name=str(args.run) if args.run else None,
-            trace_provider=trace_provider,
-            trace_kind=trace_kind,
-            model_sizes=sizes,
             default_lang=args.lang,
-            pronoun_head=pronoun_head,
+            **views,
         )
     except OSError as err:
         hint = " (pass --port 0 to pick a free port)" if args.port else ""

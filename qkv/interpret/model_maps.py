@@ -97,14 +97,27 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
             "maps": _maps_list(maps, {"self": (tokens, tokens)})}
 
 
-def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
-                            device: str | torch.device | None = "cpu") -> Callable[..., dict]:
-    """Load a run once; return ``(text, off=()) -> payload`` (the explorer's model figure and ``qkv plot
-    attention``). ``off``: heads to switch off (``ablation.heads_off``) while the model translates or
-    continues ``text``; the payload then says which, and what the model wrote with every head on."""
+Loaded = Translator | tuple  # a translation run's Translator, or a GPT run's (model, tokenizer)
+
+
+def load_run(run: Run | str | Path, device: str | torch.device | None = "cpu") -> Loaded:
+    """A run loaded for the views of it (maps, traces): one load that several providers share."""
     run = Run.of(run)
     if run.arch == "transformer":
-        translator = Translator.from_run(run, device=device)
+        return Translator.from_run(run, device=device)
+    return load_model(run, device=device)
+
+
+def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
+                            device: str | torch.device | None = "cpu", loaded: Loaded | None = None
+                            ) -> Callable[..., dict]:
+    """Load a run once (or take ``loaded``, :func:`load_run`'s); return ``(text, off=()) -> payload`` (the
+    explorer's model figure and ``qkv plot attention``). ``off``: heads to switch off
+    (``ablation.heads_off``) while the model translates or continues ``text``; the payload then says
+    which, and what the model wrote with every head on."""
+    loaded = load_run(run, device) if loaded is None else loaded
+    if isinstance(loaded, Translator):
+        translator = loaded
         model = translator.model
 
         def maps_of(text: str) -> dict:
@@ -113,7 +126,7 @@ def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens
         def all_on(text: str) -> str:
             return translator.translate(text, beam=beam)
     else:
-        model, tokenizer = load_model(run, device=device)
+        model, tokenizer = loaded
 
         def maps_of(text: str) -> dict:
             return completion_maps(model, tokenizer, text, max_new_tokens)

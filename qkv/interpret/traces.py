@@ -21,9 +21,9 @@ import torch
 from qkv.generation.api import Translator
 from qkv.generation.beam import max_new_tokens
 from qkv.interpret.capture import capture_attention
-from qkv.interpret.model_maps import checked_text, token_strings
+from qkv.interpret.model_maps import Loaded, checked_text, load_run, token_strings
 from qkv.io import evaluating, model_device
-from qkv.runs import Run, load_model
+from qkv.runs import Run
 
 TOP_K = 5  # candidates shown for each position or step
 DECIMALS = 6
@@ -134,15 +134,14 @@ def practice_trace(model, tokenizer, text: str, top_k: int = 3) -> dict:
             "model": model_sizes(model.cfg)}
 
 
-def make_trace_provider(run: Run | str | Path, device: str | torch.device | None = "cpu"
-                        ) -> tuple[Callable[[str], dict], str]:
-    """Load a run once; return (text -> trace, the trace's kind): ``translation`` for an encoder-decoder,
-    ``practice`` for a GPT."""
-    run = Run.of(run)
-    if run.arch == "transformer":
-        translator = Translator.from_run(run, device=device)
-        return (lambda text: translation_trace(translator, checked_text(text))), "translation"
-    model, tokenizer = load_model(run, device=device)
+def make_trace_provider(run: Run | str | Path, device: str | torch.device | None = "cpu",
+                        loaded: Loaded | None = None) -> tuple[Callable[[str], dict], str]:
+    """Load a run once (or take ``loaded``, ``model_maps.load_run``'s); return (text -> trace, the trace's
+    kind): ``translation`` for an encoder-decoder, ``practice`` for a GPT."""
+    loaded = load_run(run, device) if loaded is None else loaded
+    if isinstance(loaded, Translator):
+        return (lambda text: translation_trace(loaded, checked_text(text))), "translation"
+    model, tokenizer = loaded
     return (lambda text: practice_trace(model, tokenizer, checked_text(text))), "practice"
 
 
