@@ -68,10 +68,20 @@ def test_qkv_explain_writes_the_table_the_json_and_the_heat_map(demo_run, capsys
     assert (demo_run / "pronouns.png").stat().st_size > 5000
     kinds = {(r["kind"], r["layer"], r["head"]) for r in results["heads"]}
     assert kinds == {(k, 0, h) for k in pronouns.KINDS for h in (0, 1)}  # 1 layer x 2 heads of each kind
-    assert results["sentences"] == 80 and 0 < results["pronouns"] <= 80
+    # The 80 held-out sentences of the run's valid and test splits, topped up to 600 that need their antecedent.
+    assert results["sentences"] > 80 and results["needs_antecedent"] == pronouns.NEEDS_AT_LEAST
     for r in results["heads"]:
         assert 0 <= r["share"] <= 1 and 0 <= r["flip"] <= 1 and r["n"] > 0
-    assert results["best"]["share"] == max(r["share"] for r in results["heads"])
+    scored = [r for r in results["heads"] if r["n"] >= pronouns.MIN_PRONOUNS]
+    assert results["best"]["share"] == max(r["share"] for r in scored)
+    # Cross- and decoder self-attention are scored only where no Chinese word genders the English pronoun.
+    assert all(r["n"] <= results["needs_antecedent"] for r in results["heads"] if r["kind"] != "encoder_self")
+    names = [st["name"] for st in results["sets"]]
+    assert names[0] == "resolving heads of the best head's layer" and "cross layer 0" in names
+    for st in results["sets"]:
+        assert sum(n for _, n in st["flip_by_template"].values()) == results["needs_antecedent"]
+    seed = results["seed_sentence"]
+    assert seed["sentence"] == ("小明累了，他想睡觉。" if results["best"]["kind"] == "encoder_self" else "小明累了，想睡觉。")
 
 
 def test_qkv_explain_refuses_a_run_of_another_corpus(demo_run, tmp_path, capsys):
@@ -82,3 +92,12 @@ def test_qkv_explain_refuses_a_run_of_another_corpus(demo_run, tmp_path, capsys)
     (other / "config.json").write_text(json.dumps(config))
     assert main(["explain", "--run", str(other)]) == 2
     assert "demo corpus" in capsys.readouterr().err
+
+
+def test_held_out_sentences_are_topped_up_with_unseen_ones_that_need_their_antecedent(demo_run):
+    from qkv.runs import Run
+
+    every = pronouns.held_out(Run(demo_run))
+    assert every[:5] == list(syn.demo_examples(0, 400, 40, 40)["valid"][:5])  # the run's own splits first
+    assert len(set(every)) == len(every) and all(ex.held_out for ex in every)  # none seen in training
+    assert sum(ex.template in syn.NEEDS_ANTECEDENT for ex in every) == pronouns.NEEDS_AT_LEAST

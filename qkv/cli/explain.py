@@ -30,6 +30,13 @@ def explain_cmd(args: argparse.Namespace) -> int:
     print(f"\nbest head: {best['kind']} layer {best['layer']} head {best['head']}: resolves {100 * best['share']:.1f}% "
           f"of {best['n']} pronouns; switched off, the pronoun changes in {100 * best['flip']:.1f}% of "
           f"{best['n_flip']} sentences (median of the other heads: {100 * results['median_flip']:.1f}%)")
+    seed = results["seed_sentence"]
+    if seed is not None:
+        print(f"on the seed sentence ({seed['sentence']}) it puts its largest weight ({100 * seed['weight']:.1f}%) "
+              f"on {seed['token']}")
+    peers = results["sets"][0]
+    print(f"switched off with the heads of its layer that resolve too ({len(peers['heads'])} heads), the pronoun "
+          f"changes in {100 * peers['flip']:.1f}%")
     for path in pronouns.write(results, Path(args.out or args.run)):
         print(path, file=sys.stderr)
     return 0

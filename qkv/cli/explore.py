@@ -84,8 +84,12 @@ def _pronoun_head(run_dir: str) -> dict | None:
     if not path.is_file():
         return None
     try:
-        best = json.loads(path.read_text(encoding="utf-8"))["best"]
-        return {key: best[key] for key in ("kind", "layer", "head", "share", "n", "share_two")}
+        results = json.loads(path.read_text(encoding="utf-8"))
+        best = results["best"]
+        head = {key: best[key] for key in ("kind", "layer", "head", "share", "n", "share_two")}
+        # The sentence it is seen at work on: 小明累了，他想睡觉。 from 他, or without 他 from the "he" it writes.
+        head["sentence"] = (results.get("seed_sentence") or {}).get("sentence")
+        return head
     except (ValueError, KeyError, TypeError) as err:
         raise LookupError(f"{path}: not what `qkv explain` writes ({err}); run it again") from None
 
@@ -142,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return serve(
             args.host,
             args.port,
-            default_text=args.text or "",
+            default_text=args.text or (views.get("pronoun_head") or {}).get("sentence") or "",
             model_name=str(args.run) if args.run else None,
             default_lang=args.lang,
             **views,

@@ -12,8 +12,11 @@ things that make attention necessary:
 - Pronouns whose antecedent decides the English (the first article's question, 他 -> 小明): a dropped
   subject (``小明累了，想睡觉。`` -> ``..., he wants to sleep.``), 自己 (``小红觉得自己累了。`` -> ``... she
   is tired.``), 自己 with a second person of the other gender (``小明告诉小红自己累了。`` -> ``Xiaoming
-  tells Xiaohong that he is tired.``), two people and a pronoun that picks one of them, and the pronoun
-  before its name (``他累了，小明想睡觉。``). Each sentence knows its pronoun's antecedent
+  tells Xiaohong that he is tired.``), two people and a pronoun that picks one of them, the pronoun
+  before its name (``他累了，小明想睡觉。``), and a dropped subject whose English pronoun comes before
+  the name it must be read from (``因为累了，小明想睡觉。`` -> ``Because he is tired, Xiaoming wants to
+  sleep.``; with a second person: ``因为累了，小明叫小红唱歌。`` -> ``..., Xiaoming asks Xiaohong to
+  sing.``): when the decoder writes he/she it has not written the name, so only the source can tell. Each sentence knows its pronoun's antecedent
   (:meth:`Example.link`), the gold link a head that resolves pronouns is measured against.
 - Compositional generalization: some (person, state) and (person, wish) combinations never occur in
   training (:data:`HELD_OUT`); every validation and test sentence contains at least one of them, so
@@ -110,9 +113,14 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     # Two candidates, and the pronoun's gender picks one; the pronoun before its name.
     "two": ("{P}和{Q}{L}，{R}想{W}。", "{P} and {Q} are {L}, {R} wants to {W}."),
     "swapped": ("{R}{S}，{P}想{W}。", "{Rc} is {S}, {P} wants to {W}."),
+    # The English pronoun comes before its name (cataphora) and no Chinese word genders it: when the
+    # decoder writes he/she it has not written the name yet, so only the source can tell, through
+    # cross-attention. The second one has two candidates: the subject, not the other person, is meant.
+    "because_zero": ("因为{S}，{P}想{W}。", "Because {R} is {S}, {P} wants to {W}."),
+    "because_zero_two": ("因为{S}，{P}叫{Q}{W}。", "Because {R} is {S}, {P} asks {Q} to {W}."),
 }
 # Templates whose English pronoun no Chinese word genders: only the antecedent tells he from she.
-NEEDS_ANTECEDENT: frozenset[str] = frozenset({"zero", "self", "tell_self"})
+NEEDS_ANTECEDENT: frozenset[str] = frozenset({"zero", "self", "tell_self", "because_zero", "because_zero_two"})
 
 # Combinations never seen in training: each person has one held-out state and one held-out wish,
 # each state and wish is held out for at most one person, so every word still occurs in training
@@ -133,7 +141,7 @@ HELD_OUT: frozenset[tuple[str, str]] = frozenset(
 SEED_SENTENCE: tuple[str, str] = ("小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep.")
 
 # The words the templates write between their slots.
-GLUE: tuple[str, ...] = ("想", "不想", "因为", "所以", "觉得", "自己", "告诉", "和")
+GLUE: tuple[str, ...] = ("想", "不想", "因为", "所以", "觉得", "自己", "告诉", "和", "叫")
 # Every Chinese word the generator writes: the demo's tokenizer keeps each one a piece of its own
 # (BPETokenizer.train(words=...)), so the seed sentence reads 小明 | 累了 | ， | 他 | 想 | 睡觉 | 。 and
 # a row of the model is 他, not a merge such as 他想.
@@ -338,7 +346,7 @@ def _space_sizes() -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=1)
 def all_examples() -> tuple[Example, ...]:
-    """Every sentence the templates can produce (56,960), in a fixed order."""
+    """Every sentence the templates can produce (61,360), in a fixed order."""
     out = []
     people = [p for p, *_ in PEOPLE]
     for template in sorted(TEMPLATES):

@@ -115,10 +115,23 @@ def test_the_head_qkv_explain_found_reaches_the_server(tmp_path, monkeypatch):
     from qkv.runs import PRONOUNS_JSON
 
     (tmp_path / PRONOUNS_JSON).write_text(json.dumps({"best": {"kind": "cross", "layer": 1, "head": 0, "share": 0.8,
-                                                               "n": 600, "share_two": 0.5, "flip": 0.1}}))
+                                                               "n": 600, "share_two": 0.5, "flip": 0.1},
+                                                      "seed_sentence": {"sentence": "小明累了，想睡觉。"}}))
     assert commands._pronoun_head(str(tmp_path)) == {"kind": "cross", "layer": 1, "head": 0, "share": 0.8, "n": 600,
-                                                     "share_two": 0.5}
+                                                     "share_two": 0.5, "sentence": "小明累了，想睡觉。"}
     (tmp_path / PRONOUNS_JSON).write_text("{}")
     with pytest.raises(LookupError, match="run it again"):
         commands._pronoun_head(str(tmp_path))
     assert commands._pronoun_head(str(tmp_path / "elsewhere")) is None
+
+
+def test_the_server_starts_on_the_sentence_the_pronoun_head_is_seen_at_work_on(tmp_path, monkeypatch):
+    head = {"kind": "cross", "layer": 1, "head": 0, "share": 0.8, "n": 600, "share_two": 0.5,
+            "sentence": "小明累了，想睡觉。"}
+    monkeypatch.setattr(commands, "_load_views", lambda run_dir: {"attention_provider": None, "pronoun_head": head})
+    seen = {}
+    monkeypatch.setattr(commands, "serve", lambda host, port, **kw: seen.update(kw) or 0)
+    assert commands.run(parse("--run", str(tmp_path))) == 0
+    assert seen["default_text"] == "小明累了，想睡觉。" and seen["pronoun_head"] == head
+    assert commands.run(parse("--run", str(tmp_path), "--text", "他想")) == 0
+    assert seen["default_text"] == "他想"  # --text wins
