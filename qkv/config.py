@@ -345,8 +345,12 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
     """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file."""
+    data = read_yaml_mapping(path)
+    if not data:  # an empty file trains nothing it says: the defaults, which no one asked for by name
+        raise ConfigError(f"{path}: the recipe is empty; give its model:, data: and train: sections (as "
+                          "the shipped recipes in qkv/recipes/ do), or leave out --recipe to train the defaults")
     try:
-        cfg = from_dict(cls, read_yaml_mapping(path), where=str(path))
+        cfg = from_dict(cls, data, where=str(path))
     except ConfigError as e:  # a value a config's own check refuses (d_model -3) names its class, not the file
         raise ConfigError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
     return apply_overrides(cfg, overrides) if overrides else cfg

@@ -29,7 +29,7 @@ import re
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -109,22 +109,40 @@ def left_behind(path: Path) -> list[Path]:
     A kill after a temporary file was complete but before its rename leaves the whole new file there:
     a reader can finish the write (see ``training.checkpoint``).
     """
-    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe only on POSIX
-        return []
-    pattern = re.compile(re.escape(f".{path.name}.tmp-") + r"(\d+)-[0-9a-f]+$")
+    return [p for p in path.parent.glob(f".{path.name}.tmp-*") if _abandoned(p, path.name)]
+
+
+def left_behind_in(directory: Path, keep: Sequence[str] = ()) -> list[Path]:
+    """Every temporary file in ``directory`` whose writer is gone, but those of the files named in
+    ``keep``: this module's (``.NAME.tmp-PID-*``) and those safetensors writes before its own rename
+    (``.tmpXXXXXX``), which name no writer: only a caller that holds the directory's one-writer lock may
+    take those for abandoned."""
     found = []
-    for other in path.parent.glob(f".{path.name}.tmp-*"):
-        m = pattern.match(other.name)
-        if not m or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)  # still running: maybe another process writing; leave it
-            continue
-        except ProcessLookupError:
-            found.append(other)
-        except (PermissionError, OSError):
-            continue
-    return found
+    for p in directory.iterdir():
+        m = _TEMP.match(p.name)
+        if (m and m.group(1) not in keep and _abandoned(p, m.group(1))) or _SAFETENSORS_TEMP.match(p.name):
+            found.append(p)
+    return sorted(found)
+
+
+_TEMP = re.compile(r"^\.(.+)\.tmp-\d+-[0-9a-f]+$")
+_SAFETENSORS_TEMP = re.compile(r"^\.tmp[A-Za-z0-9_]{6}$")
+
+
+def _abandoned(temp: Path, name: str) -> bool:
+    """Whether ``temp``, a temporary file of ``name``, was left by a process that is gone."""
+    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe only on POSIX
+        return False
+    m = re.match(re.escape(f".{name}.tmp-") + r"(\d+)-[0-9a-f]+$", temp.name)
+    if not m or int(m.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)  # still running: maybe another process writing; leave it
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError included: someone else's live process
+        pass
+    return False
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -212,7 +230,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` as UTF-8 to ``path``, atomically."""
     path = Path(path)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, as_os_error(path):  # a full disk names the file, not only "No space left"
         tmp.write_text(text, encoding="utf-8")
     return path
 
@@ -439,7 +457,7 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 
 
 __all__ = [
-    "QkvError", "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "write_text", "write_json",
+    "QkvError", "DataError", "DeviceError", "did_you_mean", "atomic_paths", "atomic_path", "left_behind", "left_behind_in", "write_text", "write_json",
     "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "user_cache", "cpu_identity",
     "DEVICE_DEFAULT", "DTYPES", "resolve_device", "autocast_dtype", "autocast", "to_device", "model_device", "evaluating",
 ]

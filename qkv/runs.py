@@ -27,19 +27,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
 
+from qkv import locks
 from qkv.config import ConfigError, ModelConfig, from_dict
 from qkv.data.lm import TOKENS_FILE
-from qkv.io import DataError, QkvError, did_you_mean, read_json, resolve_device
+from qkv.io import DataError, QkvError, as_os_error, did_you_mean, left_behind, left_behind_in, read_json, resolve_device
+from qkv.parallel import launched_rank
 from qkv.models import GPT, Transformer
 from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
-from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights
+from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, NonFiniteWeights, load_state_dict_into, read_weights
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -64,6 +70,8 @@ _RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FI
               *(f"{n}{WEIGHTS_SUFFIX}" for n in WEIGHT_NAMES), f"{LAST}.pt")
 # Where the replaced run waits until the new one has started (Run.starting).
 REPLACED_DIR = ".replaced"
+# The lock of the run's one writer (Run.writing), which also says who holds it.
+WRITER_LOCK = ".writer.lock"
 
 MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
 _MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
@@ -108,8 +116,11 @@ class Run:
 
     @property
     def has_checkpoint(self) -> bool:
-        """Whether ``last.pt`` is there: a run that ``--resume`` can continue."""
-        return self.file(f"{LAST}.pt").is_file()
+        """Whether ``last.pt`` is there, or the save of the first one was interrupted between its two
+        renames (``last.safetensors`` and ``last.pt``'s complete temporary file, which loading checks
+        and finishes): a run that ``--resume`` can continue."""
+        state = self.file(f"{LAST}.pt")
+        return state.is_file() or (self.file(f"{LAST}{WEIGHTS_SUFFIX}").is_file() and bool(left_behind(state)))
 
     # ------------------------------------------------------------------------------------------
     # The config
@@ -186,19 +197,19 @@ class Run:
         if which is None:
             for name in _DEFAULT_WEIGHTS:
                 path = self.file(f"{name}{WEIGHTS_SUFFIX}")
-                if path.is_file():
-                    return path
+                if path.exists() or path.is_symlink():  # one that is there but is no file is an error, not skipped
+                    return _regular(path)
             names = ", ".join(n + WEIGHTS_SUFFIX for n in _DEFAULT_WEIGHTS)
             raise FileNotFoundError(f"{self.path}: no weights ({names}); the run has not saved any yet")
         name = str(which)
         path = self.file(f"{name}{WEIGHTS_SUFFIX}") if name in WEIGHT_NAMES else Path(which)
-        if not path.is_file():
+        if not path.exists():
             if name in WEIGHT_NAMES:
                 have = [n for n in WEIGHT_NAMES if self.file(f"{n}{WEIGHTS_SUFFIX}").is_file()]
                 raise FileNotFoundError(f"{self.path}: no {path.name}; this run has {', '.join(have) or 'no weights'}")
             hint = f" (or one of the run's: {', '.join(WEIGHT_NAMES)})" if not name.endswith(WEIGHTS_SUFFIX) else ""
             raise FileNotFoundError(f"--weights {name}: no such weights file{hint}")
-        return path
+        return _regular(path)
 
     @property
     def base(self) -> Run | None:
@@ -224,6 +235,45 @@ class Run:
     def step_weights(self) -> list[Path]:
         """The step checkpoints' weights (``step_N.safetensors``), oldest first."""
         return sorted(self.path.glob(f"{STEP_PREFIX}*{WEIGHTS_SUFFIX}"))
+
+    # ------------------------------------------------------------------------------------------
+    # One writer
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Run]:
+        """Hold the run's one-writer lock while the block writes the run: a second writer (a second
+        ``--resume``, an ``--overwrite`` or a fine-tuning into the same folder) is refused, in one line
+        that names the holder. The lock is an ``flock`` on ``RUN/.writer.lock`` (:mod:`qkv.locks`), so
+        the system lets go of it however the writer ends. Readers never take it. Once it holds the lock,
+        the writer deletes the temporary files a killed writer left (:func:`qkv.io.left_behind_in`).
+
+        Raises:
+            RunError: another process is writing the run.
+        """
+        created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.file(WRITER_LOCK)
+        with as_os_error(path):  # a full disk or a read-only folder names the file
+            fd = locks.try_lock(path)
+        if fd is None:
+            who = locks.holder(path) or "a process that has not yet said which"
+            raise RunError(f"{self.path} is being written by {who}; a run has one writer: wait for it to end, or "
+                           "choose another --run directory")
+        try:
+            argv = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
+            with as_os_error(path):
+                locks.describe(fd, f"pid {os.getpid()} ({shlex.join(argv)})")
+            # What a writer killed mid-save left, none writing now; but a checkpoint's own, which a resume
+            # may finish the save with (training.checkpoint), and its next save clears.
+            for temp in left_behind_in(self.path, keep=(f"{LAST}.pt", f"{LAST}{WEIGHTS_SUFFIX}")):
+                with contextlib.suppress(OSError):
+                    temp.unlink()
+            yield self
+        finally:
+            if created and [p.name for p in self.path.iterdir()] == [WRITER_LOCK]:  # a start that wrote nothing
+                path.unlink()
+                self.path.rmdir()
+            locks.release(fd)
 
     # ------------------------------------------------------------------------------------------
     # New, resume, overwrite
@@ -313,6 +363,38 @@ class Run:
         shutil.rmtree(aside)
 
 
+def _regular(path: Path) -> Path:
+    """``path``, if it is a regular file (a link to one is): weights are never read from a folder or a device."""
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "a broken link" if not path.exists() else "not a regular file"
+        raise RunError(f"{path} is {what}, not a weights file: remove it or put the run's weights there, or choose "
+                       f"others with --weights ({', '.join(WEIGHT_NAMES)})")
+    return path
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_writer(param: str) -> Callable[[F], F]:
+    """Make a function that writes the run directory passed as its argument ``param`` hold the run's
+    one-writer lock (:meth:`Run.writing`) for the whole call. Under torchrun only rank 0 takes it:
+    the others write nothing to the run."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def holding(*args: Any, **kwargs: Any) -> Any:
+            if launched_rank() != 0:
+                return fn(*args, **kwargs)
+            with Run(signature.bind(*args, **kwargs).arguments[param]).writing():
+                return fn(*args, **kwargs)
+
+        return holding  # type: ignore[return-value]
+
+    return decorate
+
+
 def load_model(run: Run | str | Path, weights: str | Path | None = None,
                device: str | torch.device | None = "auto") -> tuple[nn.Module, Tokenizer]:
     """The model of a run with its weights, in eval mode on ``device``, and its tokenizer.
@@ -346,6 +428,8 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
     tensors, _ = read_weights(path)  # a damaged file is its own error (CheckpointError), not a mismatch
     try:
         load_state_dict_into(model, tensors, source=str(path))
+    except NonFiniteWeights:
+        raise
     except CheckpointError as e:
         raise RunError(f"{e} (the weights do not match {run.file(CONFIG_FILE)}: files from different runs?)") from None
     return model.to(device).eval(), tokenizer
@@ -367,7 +451,7 @@ def require_arch(run: Run, arch: str, command: str, instead: str | None = None) 
 
 
 __all__ = [
-    "Run", "RunError", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
+    "Run", "RunError", "one_writer", "WRITER_LOCK", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
     "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
     "PRONOUNS_JSON", "PRONOUNS_PNG",
     "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",

@@ -26,6 +26,10 @@ class CheckpointError(QkvError, RuntimeError):
     """Weights or a checkpoint that cannot be written or loaded: missing, mismatched or inconsistent files."""
 
 
+class NonFiniteWeights(CheckpointError):
+    """Weights that hold NaN or infinite values: never used (a damaged disk, or another tool wrote them)."""
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The module under DistributedDataParallel and ``torch.compile`` wrappers, whose names carry no prefix.
 
@@ -79,6 +83,11 @@ def load_state_dict_into(
     Raises:
         CheckpointError: Listing every missing key, unexpected key and shape mismatch.
     """
+    for name, tensor in state_dict.items():  # weights a damaged disk or another tool wrote are not used
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise NonFiniteWeights(f"{source}: tensor {name} holds NaN or infinite values, so these weights cannot "
+                                  "be used: choose others with --weights (best, last, average), or resume the run "
+                                  "from its last checkpoint")
     model = unwrap_model(model)
     upgrade = getattr(model, "upgrade_state_dict", None)
     if upgrade is not None:  # the names of an earlier qkv, as this model's parameters have them today
@@ -207,5 +216,5 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     return {k: (s / n).to(first[k].dtype) if first[k].is_floating_point() else s for k, s in sums.items()}
 
 
-__all__ = ["WEIGHTS_SUFFIX", "CheckpointError", "unwrap_model", "load_state_dict_into", "save_weights",
+__all__ = ["WEIGHTS_SUFFIX", "CheckpointError", "NonFiniteWeights", "unwrap_model", "load_state_dict_into", "save_weights",
            "read_weights", "load_weights", "average_checkpoints"]

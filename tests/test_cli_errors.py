@@ -47,6 +47,7 @@ def place(tmp_path_factory):
          "model": {**json.loads((d / "config.json").read_text())["model"], "n_heads": 3}}), encoding="utf-8"))
     (root / "binary.txt").write_bytes(b"\xff\xfe not UTF-8\n")
     (root / "bad.yaml").write_text("model: [\n", encoding="utf-8")
+    (root / "empty.yaml").write_text("# nothing yet\n", encoding="utf-8")
     (root / "typo.yaml").write_text("modle: {}\n", encoding="utf-8")
     (root / "negative.yaml").write_text("model:\n  d_model: -3\n", encoding="utf-8")
     (root / "bad.jsonl").write_text('{"prompt": "a"}\n', encoding="utf-8")
@@ -112,6 +113,18 @@ CASES = [
     (["train", "mt", "--recipe", "demo", "--run", "{R}/new12", "data.corpus=nope"], 2, "unknown corpus 'nope'"),
     (["train", "mt", "--recipe", "demo", "--run", "{R}/new13", "train.test_beam=0"], 2, "test_beam"),
     (["demo", "--run", "{R}/new14", "train.steps=-3"], 2, "train.steps must be >= 1"),
+    # Recipes that pass for numbers but cannot mean what they say.
+    (["train", "mt", "--recipe", "demo", "--run", "{R}/new15", "train.peak_lr=inf"], 2,
+     "train.peak_lr must be a finite number >= 0"),
+    (["train", "lm", "--recipe", "{R}/lm.yaml", "--run", "{R}/new16", "train.lr=inf"], 2, "need a finite lr > 0"),
+    (["finetune", "--run", "{R}/lm", "--data", "{R}/sft.jsonl", "--out", "{R}/ft6", "train.lr=inf",
+      "train.warmup=0"], 2, "need a finite lr > 0"),
+    (["train", "lm", "--recipe", "{R}/empty.yaml", "--run", "{R}/new17"], 2, "{R}/empty.yaml: the recipe is empty"),
+    (["train", "mt", "--recipe", "{R}/empty.yaml", "--run", "{R}/new18"], 2, "{R}/empty.yaml: the recipe is empty"),
+    (["train", "mt", "--recipe", "demo", "--run", "{R}/new19", "data.demo_valid=0"], 2,
+     "the validation split 'valid' of demo is empty"),
+    (["train", "mt", "--recipe", "demo", "--run", "{R}/new20", "data.max_tokens=1"], 2,
+     "data.max_tokens=1 does not fit one sentence"),
     (["finetune", "--run", "{R}/lm", "--data", "{R}/sft.jsonl", "--out", "{R}/ft5", "--mix", "-1",
       "train.warmup=0"], 2, "must be >= 0"),
     # Values checked against the model.

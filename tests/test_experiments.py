@@ -137,10 +137,10 @@ def test_a_held_claim_is_left_to_its_worker_and_a_dead_ones_is_free_at_once(tmp_
 def test_a_claim_whose_file_was_replaced_before_its_lock_is_tried_again(tmp_path, monkeypatch):
     """Between a worker's open and its lock, the holder may remove the file and let go, and a third worker
     create and lock a new one: the lock then won is on a file no longer there, and must not count."""
-    from qkv.experiments import grid
+    from qkv import locks
 
     path, third = tmp_path / "v.claim", []
-    real = grid.fcntl.flock
+    real = locks.fcntl.flock
 
     def flock(fd, operation):
         if not third:
@@ -150,7 +150,7 @@ def test_a_claim_whose_file_was_replaced_before_its_lock_is_tried_again(tmp_path
             assert third[0].stdout.readline().strip() == "holding"
         return real(fd, operation)
 
-    monkeypatch.setattr(grid.fcntl, "flock", flock)
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
     path.touch()  # a claim file left by a holder that is about to let go
     try:
         with claim(tmp_path, Variant(name="v", row="A")) as mine:
@@ -189,9 +189,9 @@ def test_workers_racing_for_a_claim_hold_it_one_at_a_time(tmp_path):
 
 def test_without_posix_locks_a_grid_runs_one_worker(tmp_path, monkeypatch, capsys):
     from qkv.cli import experiment as cli_experiment
-    from qkv.experiments import grid
+    from qkv import locks
 
-    monkeypatch.setattr(grid, "fcntl", None)
+    monkeypatch.setattr(locks, "fcntl", None)
     with claim(tmp_path, Variant(name="v", row="A")) as mine:
         assert mine
     monkeypatch.setattr(cli_experiment, "SIDE_BY_SIDE", False)

@@ -72,7 +72,7 @@ def test_an_int8_folder_scores_near_fp32(trained_runs, tmp_path):
     assert (int8 / "model.bin").stat().st_size < 0.5 * (fp32 / "model.bin").stat().st_size
     _, tokenizer = load_model(trained_runs["mt"], device="cpu")
     tokens = [tokenizer.tokens(s) for s in SOURCES]
-    targets = [r.hypotheses[0] for r in _translator(fp32).translate_batch(tokens, beam_size=1)]
+    targets = [r.hypotheses[0] for r in _translator(fp32).translate_batch(tokens, beam_size=1, max_decoding_length=LIMIT)]
     a, b = ([np.array(r.log_probs) for r in _translator(d).score_batch(tokens, targets)] for d in (fp32, int8))
     gap = np.abs(np.concatenate(a) - np.concatenate(b))
     assert 0 < gap.mean() < 1.0

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from qkv.cli.pipe import answer_each
 from qkv.cli.common import (
     add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
 )
@@ -193,16 +194,17 @@ def _generate(args: argparse.Namespace) -> int:
     if completer.loads(args.max_new_tokens, rows):
         print(f"qkv generate: running the decoding step compiled ahead of time ({completer.package(rows)}; "
               "--no-compile decodes eagerly)", file=sys.stderr)
-    decoded = _complete_all(completer, args)  # the batch size (a batch of stdin lines may be short of --batch-size)
+    # The batch size decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
+    decoded, code = _complete_all(completer, args)
     if decoded and not completer.compiles(args.max_new_tokens, decoded) and completer.would_load(args.max_new_tokens,
                                                                                                  decoded):
         _precompile_later(completer, args, decoded)  # once the text is out (and only if it could be written)
-    return 0
+    return code
 
 
-def _complete_all(completer: Completer, args: argparse.Namespace) -> int:
-    """The prompt's completion streamed to stdout, or one line for each line of stdin; returns the batch size
-    decoded (of the first batch of stdin lines; 0 if there were none)."""
+def _complete_all(completer: Completer, args: argparse.Namespace) -> tuple[int, int]:
+    """The prompt's completion streamed to stdout, or one line for each line of stdin (qkv.cli.pipe); returns
+    the batch size decoded (of the first batch of stdin lines; 0 if there were none) and the exit code."""
     read = _unescape if args.escape else str
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=[read(text) for text in args.stop])
@@ -210,18 +212,20 @@ def _complete_all(completer: Completer, args: argparse.Namespace) -> int:
         completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
         sys.stdout.write("\n")
         sys.stdout.flush()
-        return 1
+        return 1, 0
     if sys.stdin.isatty():
         raise ValueError("give a prompt, or pipe prompts on stdin (one per line)")
     lines = [read(line.rstrip("\n")) for line in sys.stdin]
-    if args.sliding_window:
-        for line in lines:
-            print(_escape(completer.complete(line, sliding_window=True, **kw)), flush=True)
-        return 1 if lines else 0
-    for i in range(0, len(lines), args.batch_size):
-        for text in completer.complete_batch(lines[i:i + args.batch_size], **kw):
-            print(_escape(text), flush=True)
-    return min(len(lines), args.batch_size)
+    size = 1 if args.sliding_window else args.batch_size
+
+    def answer(group: list[str]) -> list[str]:
+        if args.sliding_window:
+            return [_escape(completer.complete(line, sliding_window=True, **kw)) for line in group]
+        return [_escape(text) for text in completer.complete_batch(group, **kw)]
+
+    code = answer_each((lines[i:i + size] for i in range(0, len(lines), size)), answer, sys.stdout, "generate",
+                       "stdin")
+    return min(len(lines), size), code
 
 
 def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int) -> None:

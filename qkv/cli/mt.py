@@ -19,7 +19,8 @@ from qkv.config import ALPHA, BEAM, from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
 from qkv.evaluation.bleu import score
-from qkv.generation.api import InputTooLongError, Translator
+from qkv.cli.pipe import answer_each
+from qkv.generation.api import InputError, InputTooLongError, Translator
 from qkv.io import read_lines, write_text
 from qkv.runs import CONFIG_FILE, Run, require_arch
 from qkv.training.train_mt import load_train_config, train
@@ -163,29 +164,28 @@ def cmd_translate(args: argparse.Namespace) -> int:
     translator = Translator.from_run(args.run, weights=args.weights, device=args.device, quantize=args.quantize)
     source = open(args.input, "rb") if args.input else sys.stdin
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    line_no = 0
+
+    def answer(group: list[str]) -> list[str]:
+        results = translator.translate_nbest(group, beam=args.beam, n_best=args.nbest, alpha=args.alpha,
+                                             truncate=args.truncate)
+        if args.nbest == 1:
+            return [hyps[0][0] for hyps in results]
+        return ["\t".join(f"{text}\t{score:.4f}" for text, score in hyps) for hyps in results]
+
+    def too_long(e: InputError) -> str:
+        if not isinstance(e, InputTooLongError):
+            return str(e)
+        return (f"{e.n_tokens} tokens (with <eos>), but the model reads at most {e.limit}; split the line, or pass "
+                "--truncate to keep its first tokens")
+
     try:
-        for group in line_groups(source, max(args.batch_size, 1)):
-            try:
-                results = translator.translate_nbest(group, beam=args.beam, n_best=args.nbest, alpha=args.alpha,
-                                                     truncate=args.truncate)
-            except InputTooLongError as e:
-                raise ValueError(f"{args.input or 'stdin'}, line {line_no + e.index + 1}: {e.n_tokens} tokens (with "
-                                 f"<eos>), but the model reads at most {e.limit}; split the line, or pass "
-                                 "--truncate to keep its first tokens") from None
-            for hyps in results:
-                if args.nbest == 1:
-                    out.write(hyps[0][0] + "\n")
-                else:
-                    out.write("\t".join(f"{text}\t{score:.4f}" for text, score in hyps) + "\n")
-            out.flush()
-            line_no += len(group)
+        return answer_each(line_groups(source, max(args.batch_size, 1)), answer, out, "translate",
+                           args.input or "stdin", too_long)
     finally:
         if args.input:
             source.close()
         if args.output:
             out.close()
-    return 0
 
 
 # ----------------------------------------------------------------------------------------------

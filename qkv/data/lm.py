@@ -138,7 +138,10 @@ def tokenize_to_file(text: str, tokenizer: Any, path: str | Path, tokenizer_id: 
     meta.update(length=int(ids.size), vocab_size=tokenizer.vocab_size)
     # The tokens and their fingerprint, as a set: a kill leaves both old or both new.
     with atomic_paths(path, meta_path) as (tmp_ids, tmp_meta), as_os_error(tmp_ids):
-        ids.astype(dtype).tofile(tmp_ids)
+        # Through a file, not ndarray.tofile: a full disk is then ENOSPC naming the file, where tofile says
+        # only "103680 requested and 73728 written".
+        with open(tmp_ids, "wb") as f:
+            f.write(memoryview(ids.astype(dtype, copy=False)))
         tmp_meta.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return load_tokens(path)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from qkv.config import ConfigError
 from qkv.data.batching import Example
 from qkv.data.corpora import read_parallel, read_parallel_files
 from qkv.data.synthetic import DEMO, ZH_WORDS, demo_corpus
@@ -49,6 +50,15 @@ class DataConfig:
     demo_train: int = 20000
     demo_valid: int = 500
     demo_test: int = 500
+
+    def __post_init__(self) -> None:
+        # The batcher puts a pair that overflows the budget in a batch of its own: a budget smaller than
+        # one sentence trains on batches of one pair, which is never what was meant.
+        longest = max(self.max_src_len, self.max_tgt_len) + 1  # + <eos> (source) / <bos> (target)
+        if self.max_tokens < longest:
+            raise ConfigError(f"data.max_tokens={self.max_tokens} does not fit one sentence (max_src_len "
+                              f"{self.max_src_len} / max_tgt_len {self.max_tgt_len} tokens, + 1): give at least "
+                              f"{longest}; a batch holds max_tokens tokens per side")
 
 
 def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:

@@ -21,14 +21,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from qkv import locks
 from qkv.io import QkvError, cpu_identity, read_json, write_json
 
-try:  # POSIX file locks: what keeps side-by-side workers apart
-    import fcntl
-except ImportError:  # Windows: one worker at a time (SIDE_BY_SIDE)
-    fcntl = None  # type: ignore[assignment]
-
-SIDE_BY_SIDE = fcntl is not None  # whether workers can share a grid here
+SIDE_BY_SIDE = locks.LOCKS  # whether workers can share a grid here (POSIX file locks keep them apart)
 
 
 @dataclass(frozen=True)
@@ -102,19 +98,13 @@ def claim(out: Path, variant: Variant) -> Iterator[bool]:
     workers train one variant: a claim's file exists before its creator has written its id, and another
     worker that read it then took it for a dead worker's. The system releases a lock when its process
     ends, so a killed worker's claim is free at once, with no id to check (a reused one looks alive).
-    Without POSIX locks (Windows) every claim holds: one worker at a time.
+    Without POSIX locks (Windows) every claim holds (:mod:`qkv.locks`): one worker at a time.
     """
     path = out / f"{variant.name}.claim"
     out.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:
-        yield True
-        return
     while True:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another worker holds it
-            os.close(fd)
+        fd = locks.try_lock(path)
+        if fd is None:  # another worker holds it
             yield False
             return
         try:
@@ -126,14 +116,13 @@ def claim(out: Path, variant: Variant) -> Iterator[bool]:
             break
         # The holder removed the file and let go between this open and this lock: this lock is on a file
         # no longer there, which a third worker may be creating anew. Claim what is there now.
-        os.close(fd)
+        locks.release(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        locks.describe(fd, str(os.getpid()))
         yield True
     finally:
         path.unlink(missing_ok=True)  # before the lock goes: a waiting worker then finds the file gone
-        os.close(fd)
+        locks.release(fd)
 
 
 def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,

@@ -217,6 +217,8 @@ def load_checkpoint(
         The ``state`` passed to :func:`save_checkpoint`.
     """
     weights_path, state_path = checkpoint_paths(run_dir, name)
+    if not state_path.is_file() and weights_path.is_file():  # the first save, killed between its renames?
+        _finish_interrupted_save(weights_path, state_path, _weights_id(weights_path), None)
     if not state_path.is_file():
         raise CheckpointError(f"{state_path}: no such trainer-state file (checkpoint {name!r} in {run_dir})")
     try:
@@ -266,11 +268,13 @@ def _weights_id(path: Path) -> str | None:
         return None
 
 
-def _finish_interrupted_save(weights_path: Path, state_path: Path, weights_id: str | None, state_id: str) -> bool:
+def _finish_interrupted_save(weights_path: Path, state_path: Path, weights_id: str | None,
+                             state_id: str | None) -> bool:
     """Rename into place the complete temporary file that a save killed between its two renames left.
 
     The weights are renamed first, so the usual case is new weights and the new state still in its
-    temporary file; the reverse is handled alike. True if the pair is whole again.
+    temporary file (at the first save, no state file at all); the reverse is handled alike. Only a
+    temporary file whose id is the other file's is taken. True if the pair is whole again.
     """
     for target, temps, wanted, read_id in ((state_path, left_behind(state_path), weights_id, _state_id),
                                            (weights_path, left_behind(weights_path), state_id, _weights_id)):

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import threading
+import time
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, ContextManager, Sequence
@@ -91,7 +94,35 @@ def join(device: torch.device) -> Any:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=collective_timeout(),
                             device_id=device if device.type == "cuda" else None)
+    watch_launcher()
     return dist.group.WORLD
+
+
+LAUNCHER_POLL_SECONDS = 1.0
+
+
+def watch_launcher(poll: float = LAUNCHER_POLL_SECONDS) -> threading.Thread:
+    """Stop this rank, in one line, when the process that launched it is gone.
+
+    A launcher killed alone (SIGKILL reaches no child) left its ranks training to the last step and
+    writing the run with no one to report to. A rank's parent is its launcher; when the launcher dies
+    the rank is handed to another parent (init, or a subreaper), so a changed parent id is the
+    launcher's death, noticed within ``poll`` seconds. The rank then ends at once (``os._exit``): what it
+    wrote is whole (every write is atomic), and the next ``--resume`` continues from its last checkpoint.
+    """
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll)
+            if os.getppid() != launcher:
+                print(f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; stopping (resume "
+                      "the run with --resume)", file=sys.stderr, flush=True)
+                os._exit(1)
+
+    thread = threading.Thread(target=watch, name="qkv-launcher-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 # How the backends word a lost peer: gloo raises a plain RuntimeError from inside a collective.
@@ -185,5 +216,5 @@ def launch(qkv_argv: Sequence[str], nproc: int) -> int:
     return 0
 
 
-__all__ = ["launched", "local_device", "join", "lost_contact", "leave", "wrap", "synced", "add_launcher", "without_launcher",
+__all__ = ["launched", "local_device", "join", "watch_launcher", "lost_contact", "leave", "wrap", "synced", "add_launcher", "without_launcher",
            "launch", "collective_timeout", "TIMEOUT_ENV", "TIMEOUT_SECONDS"]

@@ -46,13 +46,13 @@ from qkv.io import (
 )
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
-from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, require_arch
+from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, one_writer, require_arch
 from qkv.parallel import SINGLE, Ranks
 from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, resume_state, save_state, start,
+    Cadence, LoopConfig, LoopState, check_adam, check_rates, check_same_run, compiled, export, resume_state, save_state, start,
     update,
 )
 from qkv.training.losses import masked_nll
@@ -123,8 +123,7 @@ class FinetuneConfig(LoopConfig):
             raise ConfigError(f"train.kl (beta) must be >= 0, got {self.kl}")
         if self.lora_rank < 0:
             raise ConfigError(f"train.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
-        if not 0 < self.lr or not 0 <= self.min_lr <= self.lr:
-            raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        check_rates(self.lr, self.min_lr)
         if self.steps <= self.warmup:
             raise ConfigError(f"train: steps {self.steps} must exceed warmup {self.warmup}")
         check_adam(self.weight_decay, (self.beta1, self.beta2))
@@ -281,6 +280,7 @@ def _fixed(record: dict[str, Any]) -> dict[str, Any]:
             **{f"train.{key}": tuning[key] for key in ("lora_rank", "lora_alpha", "lora_targets") if key in tuning}}
 
 
+@one_writer("out_dir")
 def finetune(
     base_run: str | Path,
     out_dir: str | Path,

@@ -14,9 +14,9 @@ from pathlib import Path
 from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
 from qkv.data.lm import check_split
 from qkv.io import require
-from qkv.training.loop import LoopConfig, check_adam
+from qkv.training.loop import LoopConfig, check_adam, check_rates
 from qkv.models.convert import gpt_from_hf
-from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError
+from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError, one_writer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.weights import save_weights
 
@@ -108,8 +108,7 @@ class LMTrainConfig(LoopConfig):
         for name in ("context", "decay_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.lr or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"train: need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        check_rates(self.lr, self.min_lr)
         check_adam(self.weight_decay, (self.beta1, self.beta2))
 
     @property
@@ -149,6 +148,7 @@ def load_run_recipe(run_dir: str | Path) -> LMRecipe:
     return load_json(path, LMRecipe)
 
 
+@one_writer("run_dir")
 def convert_gpt2_run(source: str | Path, run_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     """Write a run directory holding a Hugging Face GPT-2 (``GPT2LMHeadModel``) and GPT-2's tokenizer.
 

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import torch
 
-from qkv.io import QkvError, require, write_text
+from qkv.io import QkvError, as_os_error, require, write_text
 from qkv.runs import METRICS_FILE, TENSORBOARD_DIR
 
 _RESERVED = ("step", "split", "time", "elapsed")
@@ -161,7 +161,7 @@ class MetricsLogger:
         record.update({k: _jsonable(v, k) for k, v in values.items()})
         if self._writing:
             # NaN/inf are written as the bare words NaN/Infinity, which Python's json reads back.
-            with open(self.path, "a", encoding="utf-8") as f:
+            with as_os_error(self.path), open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             self.lines += 1
             if self.tensorboard is not None:

@@ -115,6 +115,13 @@ class LoopConfig:
                               f"{self.on_nonfinite!r}")
 
 
+def check_rates(lr: float, min_lr: float) -> None:
+    """A cosine schedule's rates, checked as a recipe is read: a finite peak > 0 and 0 <= min_lr <= lr (an
+    infinite rate would pass a plain comparison and end the run at its second step)."""
+    if not (0 < lr < math.inf and 0 <= min_lr <= lr):
+        raise ConfigError(f"train: need a finite lr > 0 and 0 <= min_lr <= lr, got lr={lr}, min_lr={min_lr}")
+
+
 def check_adam(weight_decay: float, betas: Sequence[float]) -> None:
     """Adam's and AdamW's knobs, checked as a recipe is read: decay >= 0, two betas in [0, 1)."""
     if not weight_decay >= 0:
@@ -476,6 +483,6 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "Runtime", "start", "compiled", "optimizer_step",
+__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "check_rates", "Runtime", "start", "compiled", "optimizer_step",
            "update", "LoopState", "Cadence", "save_state", "resume_state", "fixed_settings", "check_same_run",
            "export"]

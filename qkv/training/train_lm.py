@@ -32,7 +32,7 @@ from qkv.data.lm import TOKENS_FILE, LMData, split_text, tokenize_to_file
 from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
 from qkv.io import DataError, autocast, read_text_file, to_device
 from qkv.models.gpt import GPT
-from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run
+from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run, one_writer
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.training.distributed import synced
@@ -129,6 +129,7 @@ class TrainResult:
     final: dict[str, Any] | None = None
 
 
+@one_writer("run_dir")
 def train_lm(
     recipe: LMRecipe,
     run_dir: str | Path,

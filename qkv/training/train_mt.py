@@ -43,6 +43,7 @@ from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (
     BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
+    one_writer,
 )
 from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
@@ -109,9 +110,10 @@ class MTTrainConfig(LoopConfig):
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.warmup < 1:
             raise ConfigError(f"train.warmup must be >= 1 (the schedule divides by it), got {self.warmup}")
-        if self.peak_lr is not None and not self.peak_lr >= 0:
-            raise ConfigError(f"train.peak_lr must be >= 0 (or null: the paper's formula), got {self.peak_lr}")
-        if not self.lr_factor > 0 or not self.adam_eps > 0:
+        if self.peak_lr is not None and not 0 <= self.peak_lr < math.inf:
+            raise ConfigError(f"train.peak_lr must be a finite number >= 0 (or null: the paper's formula), got "
+                              f"{self.peak_lr}")
+        if not 0 < self.lr_factor < math.inf or not self.adam_eps > 0:
             raise ConfigError(f"train: need lr_factor > 0 and adam_eps > 0, got {self.lr_factor}, {self.adam_eps}")
         check_adam(self.weight_decay, self.adam_betas)
         for name in ("eval_beam", "test_beam", "keep_checkpoints"):
@@ -185,6 +187,7 @@ def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, a
     return score(hyps, ref), hyps
 
 
+@one_writer("run_dir")
 def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: bool = False,
           desc: str = "train", quiet: bool = False) -> dict[str, Any]:
     """Train (or resume) a translation model in ``run_dir``; return a summary (steps, scores, paths).
@@ -208,6 +211,10 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
     d = cfg.data
     train_src, train_tgt = load_split(d, d.train)
     valid_src, valid_tgt = load_split(d, d.valid)
+    if not valid_src:  # evaluation, best and final weights are all chosen on it
+        raise ConfigError(f"data: the validation split {d.valid!r} of {d.corpus} is empty, but a translation run "
+                          "evaluates on it (train.eval_every) and picks its final weights by it: give it sentences "
+                          "(data.demo_valid for the demo corpus)")
     if cfg.model.max_len < max(d.max_src_len, d.max_tgt_len) + 1:
         raise ConfigError(f"model.max_len={cfg.model.max_len} is too small for data.max_src_len={d.max_src_len} / "
                           f"max_tgt_len={d.max_tgt_len} (plus <bos>/<eos>)")

@@ -16,6 +16,7 @@ Every recipe here states the batch of the whole run; 2 ranks each train on half 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -159,12 +160,13 @@ train: {steps: 6, warmup: 2, peak_lr: 2.0e-3, adam_eps: 1.0e-6, eval_every: 3, e
 
 
 def test_a_translation_batch_of_fewer_pairs_than_ranks_trains_as_one_process_does(tmp_path):
-    """A token budget below every pair's size gives each batch one pair (the last cut of an epoch's length
-    order can hold one pair at any budget): rank 1 has none of it, computes a stand-in weighted 0, and
-    the two ranks still train what one process does, with accumulation too."""
+    """The smallest token budget a recipe may give (one sentence of the longest kept, max_src_len + 1) gives
+    most batches one pair (and the last cut of an epoch's length order can hold one pair at any budget):
+    rank 1 has none of it, computes a stand-in weighted 0, and the two ranks still train what one process
+    does, with accumulation too."""
     recipe = write_yaml(tmp_path / "mt.yaml", """
 model: {d_model: 32, n_heads: 4, d_ff: 64, n_layers: 1, dropout: 0.0, max_len: 64}
-data: {corpus: demo, vocab_size: 150, max_tokens: 1, max_src_len: 40, max_tgt_len: 40, demo_train: 100,
+data: {corpus: demo, vocab_size: 150, max_tokens: 17, max_src_len: 16, max_tgt_len: 16, demo_train: 100,
        demo_valid: 5, demo_test: 5}
 train: {steps: 4, accumulate: 2, warmup: 2, peak_lr: 2.0e-3, adam_eps: 1.0e-6, eval_every: 2, eval_bleu_sentences: 0,
         log_every: 1, test_beam: 1, threads: 1}
@@ -268,3 +270,56 @@ def test_a_batch_that_does_not_divide_over_the_ranks_is_one_clear_error(gpt, tmp
         assert stderr.strip().splitlines()[-1] == (
             f"rank {rank}: qkv train: error: train.batch_size=3 does not divide over 2 ranks (every rank takes as "
             "many windows): make it a multiple of the number of processes")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ranks_stop_when_their_launcher_is_killed_alone(tmp_path):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    recipe = write_yaml(tmp_path / "gpt.yaml", f"""
+model: {{d_model: 48, n_heads: 2, n_layers: 2, d_ff: 96, max_len: 32}}
+data: {{path: {tmp_path / 'text.txt'}}}
+train: {{steps: 100000, batch_size: 8, context: 32, eval_every: 100000, log_every: 1, eval_iters: 2, warmup: 5,
+        checkpoint_every: 50, threads: 1}}
+""")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "train", "lm", "--nproc-per-node", "2", "--quiet", "--recipe",
+                             str(recipe), "--run", str(run)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 5):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher alone
+        proc.wait()
+        deadline = time.monotonic() + 30  # well within the collective timeout
+        while any(_running(r) for r in ranks):
+            assert time.monotonic() < deadline, "the ranks trained on without their launcher"
+            time.sleep(0.1)
+        lines = (run / "metrics.jsonl").read_text().count("\n")
+        time.sleep(1.5)
+        assert (run / "metrics.jsonl").read_text().count("\n") == lines  # nothing writes the run any more
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

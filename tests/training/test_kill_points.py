@@ -88,7 +88,8 @@ def _points(renamed: list[str]) -> list[tuple[str, str, int]]:
     return points
 
 
-def _kill_and_resume(jobs, job: str, reference: Path, point: tuple[str, str, int], run: Path) -> None:
+def _kill_and_resume(jobs, job: str, reference: Path, point: tuple[str, str, int], run: Path,
+                     resume: bool | None = None) -> None:
     pid = os.fork()
     if pid == 0:  # the child: the same command, dying at `point`
         try:
@@ -102,7 +103,9 @@ def _kill_and_resume(jobs, job: str, reference: Path, point: tuple[str, str, int
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == KILLED, f"{point} was not reached"
     # Resume what the kill left, or start again when no checkpoint was complete yet (nothing to keep).
-    assert main(jobs.argv(job, run, resume=(run / "last.pt").is_file())) == 0
+    if resume is None:
+        resume = (run / "last.pt").is_file()
+    assert main(jobs.argv(job, run, resume=resume)) == 0
     assert jobs.events(run) == jobs.events(reference), point
     assert not list(run.glob(".*.tmp-*")), point  # what the dead process left is cleared
     ours, theirs = jobs.weights(run), jobs.weights(reference)
@@ -122,3 +125,14 @@ def test_a_kill_at_every_write_resumes_to_the_uninterrupted_run(tiny_jobs, refer
         _kill_and_resume(tiny_jobs, job, reference, point, tmp_path_factory.mktemp(f"{job}{i}") / "run")
         capsys.readouterr()
     print(f"{job}: {len(points)} kill points survived: {points}", file=sys.stderr)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("job", ["lm", "mt", "finetune"])
+def test_a_kill_between_the_first_checkpoints_renames_resumes(tiny_jobs, references, job, tmp_path, capsys):
+    """The first save's weights renamed, its state still in its temporary file: there is no last.pt yet,
+    and --resume takes the temporary file (its id checked against the weights') as the checkpoint."""
+    reference, _ = references[job]
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="interrupted between its two files; finished it from .last.pt.tmp-"):
+        _kill_and_resume(tiny_jobs, job, reference, ("after rename", "last.safetensors", 1), run, resume=True)

@@ -158,7 +158,7 @@ def test_a_run_that_could_not_start_leaves_nothing_behind(tmp_path):
     short.write_text("a", encoding="utf-8")  # one token
     with pytest.raises(ValueError, match="has 1 tokens"):
         train_lm(replace(recipe, data=replace(recipe.data, path=str(short))), tmp_path / "run", quiet=True, plot=False)
-    assert list((tmp_path / "run").iterdir()) == []
+    assert not (tmp_path / "run").exists()  # the folder it made goes too
     (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
     with pytest.raises(ValueError, match="empty.txt: no text to train on"):
         train_lm(replace(recipe, data=replace(recipe.data, path=str(tmp_path / "empty.txt"))), tmp_path / "run",

@@ -275,7 +275,7 @@ def test_a_nan_at_a_checkpoint_step_never_reaches_the_disk(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.peak_lr=-1", "train.peak_lr must be >= 0"),
+    ("train.peak_lr=-1", "train.peak_lr must be a finite number >= 0"),
     ("train.test_beam=0", "train.test_beam must be >= 1"),
     ("train.weight_decay=-1", "train.weight_decay must be >= 0"),
     ("train.adam_betas=[0.9, 1.5]", "betas must be two numbers in [0, 1)"),
