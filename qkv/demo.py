@@ -24,6 +24,7 @@ from qkv.data.synthetic import SEED_SENTENCE, UNSEEN_EXAMPLES
 from qkv.generation.api import Translator
 from qkv.interpret.model_maps import translation_maps
 from qkv.interpret.plots import plot_attention
+from qkv.runs import one_writer
 from qkv.io import write_json
 from qkv.training.train_mt import load_train_config, train
 
@@ -75,6 +76,7 @@ def _stack_images(paths: Sequence[Path], out_png: Path) -> None:
     mpimg.imsave(str(out_png), np.concatenate(padded, axis=0))
 
 
+@one_writer("run_dir")
 def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrides: Sequence[str] = (),
              quiet: bool = False) -> int:
     """Train the demo model in ``run_dir`` (replacing an earlier demo there), then show what it does.

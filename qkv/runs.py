@@ -72,6 +72,7 @@ _RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FI
 REPLACED_DIR = ".replaced"
 # The lock of the run's one writer (Run.writing), which also says who holds it.
 WRITER_LOCK = ".writer.lock"
+_HELD: set[Path] = set()  # the runs this process holds the writer lock of
 
 MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
 _MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
@@ -247,9 +248,16 @@ class Run:
         the system lets go of it however the writer ends. Readers never take it. Once it holds the lock,
         the writer deletes the temporary files a killed writer left (:func:`qkv.io.left_behind_in`).
 
+        A job that holds the lock may call another that takes it (``qkv demo`` trains, then writes its
+        figures): within one process the lock is taken once and held until the outermost block ends.
+
         Raises:
             RunError: another process is writing the run.
         """
+        key = self.path.resolve()
+        if key in _HELD:  # this process writes the run already (a job within a job)
+            yield self
+            return
         created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.file(WRITER_LOCK)
@@ -268,8 +276,10 @@ class Run:
             for temp in left_behind_in(self.path, keep=(f"{LAST}.pt", f"{LAST}{WEIGHTS_SUFFIX}")):
                 with contextlib.suppress(OSError):
                     temp.unlink()
+            _HELD.add(key)
             yield self
         finally:
+            _HELD.discard(key)
             if created and [p.name for p in self.path.iterdir()] == [WRITER_LOCK]:  # a start that wrote nothing
                 path.unlink()
                 self.path.rmdir()

@@ -20,16 +20,20 @@ with Run(sys.argv[1]).writing():
     time.sleep(600)
 """
 
-# A resume slowed to half a second a step, so that it is still writing when the second one starts.
-SLOW_RESUME = """
-import sys, time
+# A resume that waits, at its first step, until the file named by QKV_TEST_GO exists: it holds the run while
+# the second one starts, however slow the machine.
+WAITING_RESUME = """
+import os, sys, time
+from pathlib import Path
 from qkv.cli import main
 from qkv.training import loop
-real = loop.optimizer_step
-def slow(*args):
-    time.sleep(0.5)
+real, go = loop.optimizer_step, Path(os.environ["QKV_TEST_GO"])
+def waits(*args):
+    deadline = time.monotonic() + 120
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     return real(*args)
-loop.optimizer_step = slow
+loop.optimizer_step = waits
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -71,13 +75,16 @@ def test_two_concurrent_resumes_one_refused_and_the_metrics_of_one_run(tiny_jobs
     crash_at(5)  # after the checkpoint of step 4
     assert main(tiny_jobs.argv("lm", run)) != 0  # interrupted
     monkeypatch.undo()
-    first = subprocess.Popen([sys.executable, "-c", SLOW_RESUME, *tiny_jobs.argv("lm", run, resume=True)])
+    go = tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", WAITING_RESUME, *tiny_jobs.argv("lm", run, resume=True)],
+                             env={**os.environ, "QKV_TEST_GO": str(go)})
     try:
         deadline = time.monotonic() + 60
         while f"pid {first.pid} " not in _text(run / WRITER_LOCK):
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.05)
         assert main(tiny_jobs.argv("lm", run, resume=True)) == 2  # the second: refused
+        go.touch()
         assert first.wait(timeout=120) == 0
     finally:
         first.kill()
@@ -126,3 +133,30 @@ def test_what_a_killed_writer_left_is_cleared_at_the_next_start(tiny_jobs, tmp_p
         alive.kill()
         alive.wait()
     assert Run(run).has_checkpoint
+
+
+TRY = """
+import sys
+from qkv.runs import Run, RunError
+try:
+    with Run(sys.argv[1]).writing():
+        print("took it")
+except RunError:
+    print("refused")
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file locks")
+def test_a_job_within_a_job_holds_the_lock_until_the_outer_one_ends(tmp_path):
+    """qkv demo holds its run and calls the trainer, which takes the same lock: within one process the lock
+    is taken once, and the inner job's end does not let go of it."""
+    run = tmp_path / "run"
+
+    def other():
+        return subprocess.run([sys.executable, "-c", TRY, str(run)], capture_output=True, text=True).stdout.strip()
+
+    with Run(run).writing():
+        with Run(run).writing():
+            assert other() == "refused"
+        assert other() == "refused"  # still held by the outer block
+    assert other() == "took it"
