@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from qkv.interpret.explorer.export import export_page
 from qkv.interpret.explorer.language import LANGS
 from qkv.interpret.explorer.payload import AttentionDataError
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
-from qkv.runs import PRONOUNS_JSON, Run
+from qkv.runs import Run
 
 DEFAULT_PORT = 8765
 
@@ -78,22 +77,6 @@ def _load_provider(run_dir: str):
         raise LookupError(f"--run {run_dir}: {err}") from None
 
 
-def _pronoun_head(run_dir: str) -> dict | None:
-    """The head `qkv explain` found resolving pronouns best in this run, if it was run."""
-    path = Run(run_dir).file(PRONOUNS_JSON)
-    if not path.is_file():
-        return None
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-        best = results["best"]
-        head = {key: best[key] for key in ("kind", "layer", "head", "share", "n", "share_two")}
-        # The sentence it is seen at work on: 小明累了，他想睡觉。 from 他, or without 他 from the "he" it writes.
-        head["sentence"] = (results.get("seed_sentence") or {}).get("sentence")
-        return head
-    except (ValueError, KeyError, TypeError) as err:
-        raise LookupError(f"{path}: not what `qkv explain` writes ({err}); run it again") from None
-
-
 def _load_views(run_dir: str) -> dict:
     """What the server shows of a run, from one load of its model: the attention maps, the trace (and
     its kind), the sizes and the head `qkv explain` found."""
@@ -106,7 +89,7 @@ def _load_views(run_dir: str) -> dict:
                  "model_sizes": traces.model_sizes(run_dir)}
     except (FileNotFoundError, ValueError) as err:
         raise LookupError(f"--run {run_dir}: {err}") from None
-    views["pronoun_head"] = _pronoun_head(run_dir)
+    views["pronoun_head"] = model_maps.pronoun_head(run_dir)
     return views
 
 

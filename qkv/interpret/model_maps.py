@@ -11,6 +11,7 @@ The result is the explorer's payload: ``{"text", "output", "model_name", "maps":
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,7 +23,7 @@ from qkv.interpret.ablation import Head, heads_off
 from qkv.interpret.capture import capture_attention
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS
 from qkv.io import evaluating, model_device, valid_text
-from qkv.runs import Run, load_model
+from qkv.runs import PRONOUNS_JSON, Run, load_model
 
 
 
@@ -108,10 +109,10 @@ def load_run(run: Run | str | Path, device: str | torch.device | None = "cpu") -
     return load_model(run, device=device)
 
 
-def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens: int = 32,
+def make_attention_provider(run: Run | str | Path | None, beam: int = 1, max_new_tokens: int = 32,
                             device: str | torch.device | None = "cpu", loaded: Loaded | None = None
                             ) -> Callable[..., dict]:
-    """Load a run once (or take ``loaded``, :func:`load_run`'s); return ``(text, off=()) -> payload`` (the
+    """Load a run once (or take ``loaded``, :func:`load_run`'s, and then ``run`` may be None); return ``(text, off=()) -> payload`` (the
     explorer's model figure and ``qkv plot attention``). ``off``: heads to switch off
     (``ablation.heads_off``) while the model translates or continues ``text``; the payload then says
     which, and what the model wrote with every head on."""
@@ -144,6 +145,26 @@ def make_attention_provider(run: Run | str | Path, beam: int = 1, max_new_tokens
         return payload
 
     return provide
+
+
+def pronoun_head(run: Run | str | Path) -> dict | None:
+    """The head ``qkv explain`` found resolving pronouns best in ``run`` (None if it was not run there), and
+    the sentence it is seen at work on (小明累了，他想睡觉。 from 他, or without 他 from the "he" it writes).
+
+    Raises:
+        LookupError: a ``pronouns.json`` that is not what ``qkv explain`` writes.
+    """
+    path = Run.of(run).file(PRONOUNS_JSON)
+    if not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        best = results["best"]
+        head = {key: best[key] for key in ("kind", "layer", "head", "share", "n", "share_two")}
+        head["sentence"] = (results.get("seed_sentence") or {}).get("sentence")
+        return head
+    except (ValueError, KeyError, TypeError) as err:
+        raise LookupError(f"{path}: not what `qkv explain` writes ({err}); run it again") from None
 
 
 def checked_text(text: str) -> str:

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from qkv.cli import explore as commands
+from qkv.interpret import model_maps
 
 
 def parse(*argv):
@@ -117,12 +118,12 @@ def test_the_head_qkv_explain_found_reaches_the_server(tmp_path, monkeypatch):
     (tmp_path / PRONOUNS_JSON).write_text(json.dumps({"best": {"kind": "cross", "layer": 1, "head": 0, "share": 0.8,
                                                                "n": 600, "share_two": 0.5, "flip": 0.1},
                                                       "seed_sentence": {"sentence": "小明累了，想睡觉。"}}))
-    assert commands._pronoun_head(str(tmp_path)) == {"kind": "cross", "layer": 1, "head": 0, "share": 0.8, "n": 600,
+    assert model_maps.pronoun_head(str(tmp_path)) == {"kind": "cross", "layer": 1, "head": 0, "share": 0.8, "n": 600,
                                                      "share_two": 0.5, "sentence": "小明累了，想睡觉。"}
     (tmp_path / PRONOUNS_JSON).write_text("{}")
     with pytest.raises(LookupError, match="run it again"):
-        commands._pronoun_head(str(tmp_path))
-    assert commands._pronoun_head(str(tmp_path / "elsewhere")) is None
+        model_maps.pronoun_head(str(tmp_path))
+    assert model_maps.pronoun_head(str(tmp_path / "elsewhere")) is None
 
 
 def test_the_server_starts_on_the_sentence_the_pronoun_head_is_seen_at_work_on(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from qkv.interpret.explorer.language import with_default_lang
+from qkv.interpret.explorer.language import CATALOG_FILE, with_default_lang
 from qkv.interpret.explorer.payload import normalize_attention_data
 from qkv.interpret.fonts import FONT_URL, woff2_subset
 
@@ -38,7 +38,7 @@ def _sha256_source(text: str) -> str:
 def _read_static(name: str, static_dir: Path) -> str:
     path = static_dir / name
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: referenced by index.html but missing")
+        raise FileNotFoundError(f"{path}: referenced by the page but missing")
     text = path.read_text(encoding="utf-8")
     # The text goes inside <script>/<style>; a closing tag in it would end the block early.
     if re.search(r"</(script|style)", text, flags=re.IGNORECASE):
@@ -66,14 +66,26 @@ def _embed_font(css: str, page_text: str) -> str:
     return css[:rule.start()] + face + css[rule.end():]
 
 
-def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR, lang: str | None = None) -> str:
-    """Return the self-contained page as a string (see ``export_page``)."""
-    html = with_default_lang((static_dir / "index.html").read_text(encoding="utf-8"), lang)
+def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DIR, lang: str | None = None,
+                page: str = "index.html", strings: dict[str, str] | None = None) -> str:
+    """Return the self-contained page as a string (see ``export_page``).
+
+    ``page``: the page of ``static/`` to inline: the explorer (``index.html``), or the model figure alone
+    (``notebook.html``, a notebook's view). ``strings``: the page speaks ``lang`` only (no toggle) and
+    carries these of its strings instead of the whole catalog, so its font holds only their glyphs.
+    """
+    html = with_default_lang((static_dir / page).read_text(encoding="utf-8"), lang)
+    if strings is not None:
+        if lang is None:
+            raise ValueError("render_page: strings of one language need that lang")
+        html = html.replace(f'data-default-lang="{lang}"', f'data-default-lang="{lang}" data-lang="{lang}"', 1)
     styles: list[str] = []
     scripts: list[str] = []
 
     def inline_script(m: re.Match) -> str:
         js = _read_static(m.group(1), static_dir)
+        if strings is not None and m.group(1) == CATALOG_FILE.name:
+            js = f"globalThis.QKVCatalog = {_json_for_script({lang: strings})};\n"
         scripts.append(js)
         return f"<script>{js}</script>"
 
@@ -94,9 +106,9 @@ def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DI
 
     html = _STYLE_TAG.sub(inline_style, html)
     if not scripts or not styles:
-        raise ValueError(f"{static_dir / 'index.html'}: found no script or stylesheet tag to inline")
+        raise ValueError(f"{static_dir / page}: found no script or stylesheet tag to inline")
     if re.search(r"<(script|link)[^>]+(src|href)=\"(?!data:)", html):
-        raise ValueError(f"{static_dir / 'index.html'}: an external script or link is left after inlining")
+        raise ValueError(f"{static_dir / page}: an external script or link is left after inlining")
 
     csp = (
         "default-src 'none'; "
@@ -105,7 +117,7 @@ def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DI
         "img-src data:; font-src data:; base-uri 'none'; form-action 'none'"
     )
     if _CHARSET_TAG not in html:
-        raise ValueError(f"{static_dir / 'index.html'}: missing {_CHARSET_TAG}")
+        raise ValueError(f"{static_dir / page}: missing {_CHARSET_TAG}")
     meta = f'\n<meta http-equiv="Content-Security-Policy" content="{csp}">'
     return html.replace(_CHARSET_TAG, _CHARSET_TAG + meta, 1)
 

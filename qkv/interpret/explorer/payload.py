@@ -8,6 +8,8 @@ output of an ``attention_provider``) and ``export_page(attention_data=...)``. Th
       "output": "the translation",              # optional: translation or continuation
       "off": [["cross", 1, 0]],                 # optional: the heads switched off (kind, layer, head)
       "output_all_heads": "...",                # optional, with "off": the output with every head on
+      "pronoun_head": {"kind": "cross", "layer": 1, "head": 0, "share": 1.0, "n": 600, "share_two": 1.0},
+                                                # optional: the head `qkv explain` found; the view opens on it
       "model_name": "runs/demo",                # optional
       "maps": [
         {
@@ -80,7 +82,7 @@ def normalize_attention_data(data: Any) -> dict:
     """
     if not isinstance(data, dict):
         raise AttentionDataError(f"attention data must be a dict, got {type(data).__name__}")
-    unknown = set(data) - {*TEXT_KEYS, "maps", "off"}
+    unknown = set(data) - {*TEXT_KEYS, "maps", "off", "pronoun_head"}
     if unknown:
         raise AttentionDataError(
             f"unknown key(s) in attention data: {sorted(unknown)}; expected {', '.join(TEXT_KEYS)}, maps"
@@ -95,6 +97,8 @@ def normalize_attention_data(data: Any) -> dict:
             out[key] = data[key]
     if data.get("off"):
         out["off"] = _heads(data["off"])
+    if data.get("pronoun_head") is not None:
+        out["pronoun_head"] = _pronoun_head(data["pronoun_head"])
     maps = data.get("maps")
     if not isinstance(maps, (list, tuple)) or not maps:
         raise AttentionDataError("maps must be a non-empty list")
@@ -160,6 +164,17 @@ def _heads(value: Any) -> list[list]:
             raise AttentionDataError(f"off[{i}] must be [kind, layer, head] with kind one of {', '.join(KINDS)}")
         out.append([kind, layer, head])
     return out
+
+
+def _pronoun_head(value: Any) -> dict:
+    """``pronoun_head``: the head `qkv explain` found, as ``pronouns.json`` names it."""
+    head = _heads([[value.get("kind"), value.get("layer"), value.get("head")]])[0] if isinstance(value, dict) else None
+    shares = [value.get(k) for k in ("share", "share_two")] if isinstance(value, dict) else [None]
+    if head is None or not isinstance(value.get("n"), int) or not all(
+            x is None or (isinstance(x, (int, float)) and 0 <= x <= 1) for x in shares) or value.get("share") is None:
+        raise AttentionDataError("pronoun_head must be {kind, layer, head, share, n, share_two} as qkv explain writes")
+    return {"kind": head[0], "layer": head[1], "head": head[2], "share": float(value["share"]), "n": value["n"],
+            "share_two": None if value.get("share_two") is None else float(value["share_two"])}
 
 
 def _kind_and_layer(m: dict, where: str) -> dict:

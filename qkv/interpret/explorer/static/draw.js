@@ -107,7 +107,26 @@
     return { dot: dot, label: label };
   }
 
+  // ------------------------------------------------------------------ the CJK face
+  // A page is laid out only once its CJK face has loaded (or FONT_WAIT_MS have passed): Chromium shapes
+  // text once with the fonts it has, and text shaped before the face arrived keeps its empty boxes.
+  var FONT_WAIT_MS = 4000; // a face that never loads must not keep the figures from being drawn
+
+  // The face loaded for every CJK character of `text` (each once), or the wait over.
+  function cjkFaceLoaded(text) {
+    if (!document.fonts || !document.fonts.load) return Promise.resolve();
+    var seen = {}, chars = "";
+    for (var i = 0; i < text.length; i++) {
+      var ch = text[i];
+      if (ch >= "\u2e80" && !seen[ch]) { seen[ch] = true; chars += ch; }
+    }
+    var wait = new Promise(function (resolve) { setTimeout(resolve, FONT_WAIT_MS); });
+    var load = document.fonts.load('16px "qkv CJK"', chars || "小").catch(function () { return null; });
+    return Promise.race([load, wait]);
+  }
+
   globalThis.QKVDraw = {
-    $: $, h: h, s: s, setAttrs: setAttrs, tokChip: tokChip, fmt: fmt, pct: pct, vec: vec, tint: tint, makePlot: makePlot, point: point, COLORS: COLORS, SVGNS: SVGNS
+    $: $, h: h, s: s, setAttrs: setAttrs, tokChip: tokChip, fmt: fmt, pct: pct, vec: vec, tint: tint, makePlot: makePlot, point: point, COLORS: COLORS, SVGNS: SVGNS,
+    cjkFaceLoaded: cjkFaceLoaded
   };
 })();

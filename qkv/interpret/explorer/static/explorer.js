@@ -17,7 +17,6 @@
   var P = globalThis.QKVPaperFigures;
   var A = globalThis.QKVArticleFigures;
   var L = globalThis.QKVLang;
-  var FONT_WAIT_MS = 4000; // a face that never loads must not keep the figures from being drawn
 
   function safely(name, fn) {
     try {
@@ -30,21 +29,8 @@
 
   // Every CJK character the figures will draw: the page's text, the catalog's, the traces'.
   function cjkText() {
-    var text = document.body.textContent + JSON.stringify(globalThis.QKVTraces || {}) +
+    return document.body.textContent + JSON.stringify(globalThis.QKVTraces || {}) +
       JSON.stringify(globalThis.QKVCatalog[L.lang]) + globalThis.QKVConstants.TOKENS.join("");
-    var seen = {}, out = "";
-    for (var i = 0; i < text.length; i++) {
-      var ch = text[i];
-      if (ch >= "\u2e80" && !seen[ch]) { seen[ch] = true; out += ch; }
-    }
-    return out;
-  }
-
-  function fontsLoaded() {
-    if (!document.fonts || !document.fonts.load) return Promise.resolve();
-    var wait = new Promise(function (resolve) { setTimeout(resolve, FONT_WAIT_MS); });
-    var load = document.fonts.load('16px "qkv CJK"', cjkText() || "小").catch(function () { return null; });
-    return Promise.race([load, wait]);
   }
 
   // The server's status when there is one (a model loaded? which sizes? which trace?); else null.
@@ -79,7 +65,7 @@
   function boot() {
     L.apply();
     L.wireToggle();
-    Promise.all([fontsLoaded(), serverStatus()]).then(function (r) {
+    Promise.all([globalThis.QKVDraw.cjkFaceLoaded(cjkText()), serverStatus()]).then(function (r) {
       document.documentElement.classList.remove("qkv-loading");
       start(r[1]);
     });

@@ -4,7 +4,8 @@
  * and gives the figures T(key, {slot: value}) for the strings they draw. The strings themselves are
  * in catalog.js; this file holds none.
  *
- * The language, first that applies: ?lang=zh|en in the address (`qkv explore --lang` prints one); the
+ * The language, first that applies: <html data-lang>, fixed by a page made in one language (a
+ * notebook's view, qkv.interpret.show); ?lang=zh|en in the address (`qkv explore --lang` prints one); the
  * reader's own choice from the toggle, remembered in localStorage; <html data-default-lang>, which
  * `qkv explore --export --lang` writes; the browser's languages (navigator.languages); Chinese.
  * Exposed as globalThis.QKVLang.
@@ -30,6 +31,9 @@
   }
 
   function choose() {
+    // A page made in one language only (a notebook's view: its reader chose the language in the call).
+    var fixed = known(document.documentElement.getAttribute("data-lang"));
+    if (fixed) return fixed;
     var fromUrl = known(new URLSearchParams(location.search).get("lang"));
     if (fromUrl) return fromUrl;
     var mine = stored();

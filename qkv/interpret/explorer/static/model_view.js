@@ -82,7 +82,8 @@
   }
 
   // status: the server's /api/status (explorer.js asked it), or null for an exported page.
-  function initFig6(status) {
+  // caption: the catalog key of the line above embedded maps (an exported page's, or a notebook's).
+  function initFig6(status, caption) {
     var body = $("fig6-body");
     var embedded = $("qkv-model-data");
     if (embedded) {
@@ -94,8 +95,8 @@
         return;
       }
       body.textContent = "";
-      body.appendChild(h("p", { "class": "caption", text: T("fig6.exported") }));
-      return renderModel(body, data, { showInput: true });
+      body.appendChild(h("p", { "class": "caption", text: T(caption || "fig6.exported") }));
+      return renderModel(body, data, { showInput: true, pronounHead: data.pronoun_head });
     }
     // An exported page has no server (and fetch() does not work from file://): keep the placeholder.
     if (status && status.model) setupLive(body, status);
