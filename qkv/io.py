@@ -109,7 +109,8 @@ def left_behind(path: Path) -> list[Path]:
     A kill after a temporary file was complete but before its rename leaves the whole new file there:
     a reader can finish the write (see ``training.checkpoint``).
     """
-    return [p for p in path.parent.glob(f".{path.name}.tmp-*") if _abandoned(p, path.name)]
+    return [p for p in path.parent.glob(f".{path.name}.tmp-*")
+            if (m := _TEMP.match(p.name)) and m["name"] == path.name and _gone(int(m["pid"]))]
 
 
 def left_behind_in(directory: Path, keep: Sequence[str] = ()) -> list[Path]:
@@ -117,27 +118,21 @@ def left_behind_in(directory: Path, keep: Sequence[str] = ()) -> list[Path]:
     ``keep``: this module's (``.NAME.tmp-PID-*``) and those safetensors writes before its own rename
     (``.tmpXXXXXX``), which name no writer: only a caller that holds the directory's one-writer lock may
     take those for abandoned."""
-    found = []
-    for p in directory.iterdir():
-        m = _TEMP.match(p.name)
-        if (m and m.group(1) not in keep and _abandoned(p, m.group(1))) or _SAFETENSORS_TEMP.match(p.name):
-            found.append(p)
-    return sorted(found)
+    return sorted(p for p in directory.iterdir()
+                  if ((m := _TEMP.match(p.name)) and m["name"] not in keep and _gone(int(m["pid"])))
+                  or _SAFETENSORS_TEMP.match(p.name))
 
 
-_TEMP = re.compile(r"^\.(.+)\.tmp-\d+-[0-9a-f]+$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")  # atomic_paths' temporary files
 _SAFETENSORS_TEMP = re.compile(r"^\.tmp[A-Za-z0-9_]{6}$")
 
 
-def _abandoned(temp: Path, name: str) -> bool:
-    """Whether ``temp``, a temporary file of ``name``, was left by a process that is gone."""
-    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe only on POSIX
-        return False
-    m = re.match(re.escape(f".{name}.tmp-") + r"(\d+)-[0-9a-f]+$", temp.name)
-    if not m or int(m.group(1)) == os.getpid():
+def _gone(pid: int) -> bool:
+    """Whether the process ``pid`` (a temporary file's writer) has ended."""
+    if os.name != "posix" or pid == os.getpid():  # os.kill(pid, 0) is a liveness probe only on POSIX
         return False
     try:
-        os.kill(int(m.group(1)), 0)  # still running: maybe another process writing; leave it
+        os.kill(pid, 0)  # still running: maybe another process writing; leave it
     except ProcessLookupError:
         return True
     except OSError:  # PermissionError included: someone else's live process

@@ -82,6 +82,7 @@ def load_state_dict_into(
 
     Raises:
         CheckpointError: Listing every missing key, unexpected key and shape mismatch.
+        NonFiniteWeights: Naming a tensor that holds NaN or infinite values (nothing is copied in).
     """
     for name, tensor in state_dict.items():  # weights a damaged disk or another tool wrote are not used
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):

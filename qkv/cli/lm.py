@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from qkv.cli.pipe import answer_each
 from qkv.cli.common import (
     add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
 )
+from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
 from qkv.config import (
     COMPILE_AFTER, PRECOMPILED_AFTER, ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names,

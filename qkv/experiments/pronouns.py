@@ -196,13 +196,14 @@ def ablations(translator: Translator, items: Sequence[Item], head_sets: Sequence
     each pattern) and ``bleu`` (all held-out sentences); and the BLEU with every head on."""
     needs = [it for it in items if it.needs_antecedent]
     sources, references = [ex.render()[0] for ex in every], [ex.render()[1] for ex in every]
-    base = translator.translate([it.zh for it in needs], beam=1)
-    base_bleu = corpus_bleu(translator.translate(sources, beam=1), references)
+    at = {zh: i for i, zh in enumerate(sources)}  # each needs item is one of the sentences translated
+    hyps = translator.translate(sources, beam=1)
+    base, base_bleu = [hyps[at[it.zh]] for it in needs], corpus_bleu(hyps, references)
     out = []
     for heads in head_sets:
         with heads_off(translator.model, list(heads)):
-            changed = translator.translate([it.zh for it in needs], beam=1)
-            bleu = corpus_bleu(translator.translate(sources, beam=1), references)
+            hyps = translator.translate(sources, beam=1)  # once: BLEU of all, and the pronouns among them
+        bleu, changed = corpus_bleu(hyps, references), [hyps[at[it.zh]] for it in needs]
         flipped = [pronoun(a) != pronoun(b) for a, b in zip(base, changed)]
         by_template: dict[str, list[int]] = {}
         for it, f in zip(needs, flipped):

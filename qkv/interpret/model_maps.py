@@ -112,8 +112,8 @@ def load_run(run: Run | str | Path, device: str | torch.device | None = "cpu") -
 def make_attention_provider(run: Run | str | Path | None, beam: int = 1, max_new_tokens: int = 32,
                             device: str | torch.device | None = "cpu", loaded: Loaded | None = None
                             ) -> Callable[..., dict]:
-    """Load a run once (or take ``loaded``, :func:`load_run`'s, and then ``run`` may be None); return ``(text, off=()) -> payload`` (the
-    explorer's model figure and ``qkv plot attention``). ``off``: heads to switch off
+    """Load a run once (or take ``loaded``, :func:`load_run`'s, and then ``run`` may be None); return
+    ``(text, off=()) -> payload`` (the explorer's model figure and ``qkv plot attention``). ``off``: heads to switch off
     (``ablation.heads_off``) while the model translates or continues ``text``; the payload then says
     which, and what the model wrote with every head on."""
     loaded = load_run(run, device) if loaded is None else loaded

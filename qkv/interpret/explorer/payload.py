@@ -168,13 +168,19 @@ def _heads(value: Any) -> list[list]:
 
 def _pronoun_head(value: Any) -> dict:
     """``pronoun_head``: the head `qkv explain` found, as ``pronouns.json`` names it."""
-    head = _heads([[value.get("kind"), value.get("layer"), value.get("head")]])[0] if isinstance(value, dict) else None
-    shares = [value.get(k) for k in ("share", "share_two")] if isinstance(value, dict) else [None]
-    if head is None or not isinstance(value.get("n"), int) or not all(
-            x is None or (isinstance(x, (int, float)) and 0 <= x <= 1) for x in shares) or value.get("share") is None:
-        raise AttentionDataError("pronoun_head must be {kind, layer, head, share, n, share_two} as qkv explain writes")
-    return {"kind": head[0], "layer": head[1], "head": head[2], "share": float(value["share"]), "n": value["n"],
-            "share_two": None if value.get("share_two") is None else float(value["share_two"])}
+    wrong = AttentionDataError("pronoun_head must be {kind, layer, head, share, n, share_two} as qkv explain writes")
+    if not isinstance(value, dict):
+        raise wrong
+    try:
+        kind, layer, head = _heads([[value.get("kind"), value.get("layer"), value.get("head")]])[0]
+    except AttentionDataError:
+        raise wrong from None
+    share, two = value.get("share"), value.get("share_two")
+    if not isinstance(value.get("n"), int) or not all(
+            isinstance(x, (int, float)) and 0 <= x <= 1 for x in (share, 0 if two is None else two)):
+        raise wrong
+    return {"kind": kind, "layer": layer, "head": head, "share": float(share), "n": value["n"],
+            "share_two": None if two is None else float(two)}
 
 
 def _kind_and_layer(m: dict, where: str) -> dict:
