@@ -16,6 +16,7 @@ import hashlib
 import html
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -606,8 +607,11 @@ def main(argv: list[str]) -> int:
             for path in written():
                 out = HTML_DIR / path.parent.name / f"{path.stem}.html"
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(render_html(execute(path, Path(cwd)), path), encoding="utf-8")
-                print(out.relative_to(HERE.parent))
+                start = time.perf_counter()
+                nb = execute(path, Path(cwd))
+                seconds = time.perf_counter() - start
+                out.write_text(render_html(nb, path), encoding="utf-8")
+                print(f"{out.relative_to(HERE.parent)}  ({path.parent.name}/{path.name} ran in {seconds:.0f} s)")
     return 0
 
 
