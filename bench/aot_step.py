@@ -1,8 +1,8 @@
 """A GPT's decoding step compiled ahead of time and loaded, against compiling it in the process and eager.
 
-The compiled step (qkv.generation.compiled) runs a batch-1 token faster than the eager step, but a
+The compiled step (qkv.accel.compiled) runs a batch-1 token faster than the eager step, but a
 fresh process pays seconds before its first compiled token: importing dynamo and inductor, tracing
-the model, loading the kernels from inductor's disk cache. qkv.generation.precompiled compiles the
+the model, loading the kernels from inductor's disk cache. qkv.accel.precompiled compiles the
 same step ahead of time with AOTInductor (``qkv generate --precompile``), and a later process loads
 the package with PyTorch's C++ loader, without importing inductor. This measures both beside eager
 decoding and the peers.
@@ -43,10 +43,10 @@ import torch  # noqa: E402
 
 from qkv import GPT, preset  # noqa: E402
 from qkv.generation import generate  # noqa: E402
-from qkv.generation.compiled import CompiledStep  # noqa: E402
+from qkv.accel.compiled import CompiledStep  # noqa: E402
 from qkv.generation.completer import Completer  # noqa: E402
-from qkv.generation.kernels import CACHE_ENV, cache_path, end_decoding, start_decoding  # noqa: E402
-from qkv.generation.precompiled import LoadedStep, cache_slots, package_path, precompile  # noqa: E402
+from qkv.accel.kernels import CACHE_ENV, cache_path, end_decoding, start_decoding  # noqa: E402
+from qkv.accel.precompiled import LoadedStep, cache_slots, package_path, precompile  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ def prepared(model, prompt, slots: int):
 
 
 def build_package() -> dict:
-    """The package of the step (qkv.generation.precompiled, in this process's user cache)."""
+    """The package of the step (qkv.accel.precompiled, in this process's user cache)."""
     model, _ = model_and_prompt()
     path, seconds = precompile(model)
     return {"build_s": seconds, "package_mb": os.path.getsize(path) / 1e6}
@@ -94,7 +94,7 @@ def worker(impl: str) -> dict:
         t0 = time.perf_counter()
         completer.complete("ROMEO:", max_new_tokens=NEW, temperature=0)
         return {"impl": impl, "ready_s": 0.0, "first_token_since_start_s": float("nan"),
-                "ms_per_token": 1000 * (time.perf_counter() - t0) / NEW, "loaded": completer.loads(NEW)}
+                "ms_per_token": 1000 * (time.perf_counter() - t0) / NEW, "loaded": completer.policy.loads(NEW)}
     with torch.no_grad():
         if impl == "eager":
             first_token = []

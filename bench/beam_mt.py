@@ -67,7 +67,7 @@ def searches(impl: str, size: str, changes: dict | None = None):
     src = sources(model.cfg.vocab_size)
     if linear_backend_for(impl) in ("qkv", "qkv-int8"):
         from qkv.generation.beam import beam_search
-        from qkv.generation.quantize import quantized
+        from qkv.accel.quantize import quantized
 
         if impl == "qkv-int8":
             model = quantized(model)

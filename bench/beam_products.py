@@ -6,7 +6,7 @@ step), three ways, each in fresh processes alternating for ``--repeats`` rounds:
 - ``gemm``: the decoder step's 19 weight products alone (64 rows, in the step's order, on the model's
   own weights, no bias), on each kernel PyTorch offers qkv (``aten``: ``F.linear``'s MKL GEMM;
   ``transposed``: the same on (in, out) memory; ``mkl`` and ``onednn``: packed weights,
-  qkv.generation.kernels) and on CTranslate2's own: ``primitives<CPU>::gemm<float, float>``, the
+  qkv.accel.kernels) and on CTranslate2's own: ``primitives<CPU>::gemm<float, float>``, the
   function its dense layers call, taken from its library (exported there) and called on the same
   memory (CTranslate2 chooses its backend for the CPU on first use; ``CT2_VERBOSE=1`` says which). Per shape
   and summed over a step, with qkv's choice for each shape (``kernels.choose``) summed beside them;
@@ -72,7 +72,7 @@ def gemm_worker(reps: int) -> dict:
     """Each kernel's time for each of the step's product shapes, in the step's order; microseconds."""
     import torch
 
-    from qkv.generation import kernels
+    from qkv.accel import kernels
 
     ct2 = ct2_gemm()
     linears = kernels.step_linears(model_of("small"))
@@ -127,7 +127,7 @@ def product_flop(d_ff: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from qkv.generation import kernels
+    from qkv.accel import kernels
 
     kernels.set_backend("aten")
     run = searches("qkv", "small", {"d_ff": d_ff})
@@ -175,7 +175,7 @@ def inside_worker(reps: int) -> dict:
     import torch.nn.functional as F
 
     import qkv.generation.beam as beam
-    from qkv.generation import kernels
+    from qkv.accel import kernels
     from qkv.generation.beam import beam_search
 
     model = model_of("small")

@@ -3,7 +3,7 @@
 qkv's beam search (bench/beam_mt.py's shapes: beam 4 over 16 sources of 18-22 tokens, the small
 encoder-decoder, vocabulary 8,000) runs its decoder step eagerly. Here the same step, at the search's
 shapes (64 hypotheses, cross-attention grouped by sentence), is exported and built by AOTInductor as
-qkv.generation.precompiled builds a GPT's step (the self-attention caches and the cross-attention keys
+qkv.accel.precompiled builds a GPT's step (the self-attention caches and the cross-attention keys
 and values as inputs, the key mask's length the one dynamic size, the weights frozen), and timed beside
 the eager step over the same 30 steps, and beside the whole searches of qkv and CTranslate2 (per step:
 a search's time over its 31 steps). The exported step is for timing only: the decoder embeds the
@@ -34,13 +34,13 @@ from beam_mt import BEAM, NEW, SIZES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 from qkv.generation.beam import _best_continuations  # noqa: E402
-from qkv.generation.compiled import CompiledStep, caches_of  # noqa: E402
-from qkv.generation.kernels import end_decoding, start_decoding  # noqa: E402
-from qkv.generation.precompiled import PACKAGE_OPTIONS  # noqa: E402
+from qkv.accel.compiled import CompiledStep, caches_of  # noqa: E402
+from qkv.accel.kernels import end_decoding, start_decoding  # noqa: E402
+from qkv.accel.precompiled import PACKAGE_OPTIONS  # noqa: E402
 from qkv.modules.masks import padding_mask  # noqa: E402
 
 PACKAGE_ENV = "QKV_BENCH_BEAM_PACKAGE"
-SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.generation.precompiled.cache_slots)
+SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.accel.precompiled.cache_slots)
 
 
 def choice_package(path: str) -> str:

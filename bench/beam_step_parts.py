@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from beam_step_aot import BEAM, NEW, first_step, model_and_sources  # noqa: E402
 from common import write_result  # noqa: E402
 
-from qkv.generation.kernels import end_decoding, step_linears  # noqa: E402
+from qkv.accel.kernels import end_decoding, step_linears  # noqa: E402
 
 
 @torch.no_grad()

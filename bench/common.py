@@ -52,12 +52,12 @@ def matmul_peak_gflops(n: int = 1024, reps: int = 20) -> float:
 def linear_backend_for(impl: str) -> str:
     """Set up an implementation name's linear kernels and return the model it builds.
 
-    ``qkv`` chooses each product's kernel by measuring it (qkv.generation.kernels); ``qkv-aten`` is qkv
+    ``qkv`` chooses each product's kernel by measuring it (qkv.accel.kernels); ``qkv-aten`` is qkv
     with its linear maps on PyTorch's default kernels (``F.linear``) everywhere, ``qkv-transposed`` on
     ``F.linear`` with every weight's memory laid out (in, out), ``qkv-onednn`` on oneDNN's packed
     weights, ``qkv-mkl`` on MKL's packed GEMM: run beside ``qkv``, they show what the choice is worth.
     """
-    from qkv.generation import kernels
+    from qkv.accel import kernels
 
     if impl.startswith("qkv-") and impl[len("qkv-"):] in kernels.KERNELS:
         kernels.set_backend(impl[len("qkv-"):])

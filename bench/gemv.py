@@ -31,7 +31,7 @@ def kernels(compile_: bool) -> tuple[list, dict]:
 
     from torch import nn
 
-    from qkv.generation.kernels import PackedLinear
+    from qkv.accel.kernels import PackedLinear
 
     g = torch.Generator().manual_seed(0)
     shapes = [(3 * D, D), (D, D), (FF, D), (D, FF)] * LAYERS  # (out, in), as nn.Linear stores them

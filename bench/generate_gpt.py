@@ -11,9 +11,12 @@ same way as HF documents it (``hf-compile``: a static cache and a compiled forwa
 (``--quantize int8``: PyTorch's dynamic quantization) and CTranslate2 4.8.5 on the same weights
 (``ct2``: exported as ``qkv export ctranslate2`` does, fp32; ``ct2-int8``: its int8 compute type),
 given the same threads as torch. fp32 unless named, eval mode, torch.inference_mode for all.
-``qkv-aot`` runs the step compiled ahead of time for the batch size (qkv.generation.precompiled, as
+``qkv-aot`` runs the step compiled ahead of time for the batch size (qkv.accel.precompiled, as
 ``qkv generate`` does once ``--precompile`` built it): the packages are built first, in a user cache of
 the run's own, their build times recorded.
+``qkv-default`` is ``qkv.generate`` called without ``compile=`` and ``qkv-completer`` the Completer
+(``qkv generate``'s loop, text in and streamed text out): both on the one default policy (qkv.accel.policy),
+which loads the package where it was built (with ``qkv-aot`` in the run) and decodes eagerly otherwise.
 ``floor`` is the time of the layers' weight products alone, one product per weight and step on the
 kernels qkv chooses: what qkv's eager step costs before attention, norms, activations and Python.
 
@@ -52,22 +55,40 @@ def worker(impl: str, batch: int, reps: int) -> dict:
     torch.manual_seed(0)
     prompt = torch.randint(1, VOCAB, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     model_kind = linear_backend_for(impl)  # qkv-aten builds qkv, on F.linear
-    if model_kind in ("qkv", "qkv-nocache", "qkv-compile", "qkv-int8", "qkv-aot"):
-        from qkv import GPT, preset
-        from qkv.generation import generate
-        from qkv.generation.precompiled import find
-        from qkv.generation.quantize import quantized
+    if model_kind in ("qkv", "qkv-nocache", "qkv-compile", "qkv-int8", "qkv-aot", "qkv-default"):
+        from qkv import GPT, generate, preset
+        from qkv.accel.precompiled import find
+        from qkv.accel.quantize import quantized
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
         if impl == "qkv-int8":
             model = quantized(model)
-        use_cache, compile_ = impl != "qkv-nocache", impl == "qkv-compile"
-        package = find(model, batch) if impl == "qkv-aot" else None
-        assert package is not None or impl != "qkv-aot", "the package was built before the workers"
+        use_cache = impl != "qkv-nocache"
+        # Eager steps, torch.compile's, or (qkv-aot, qkv-default) the default policy of qkv.generate and qkv
+        # generate alike: the package where one was built, eager otherwise.
+        compile_ = {"qkv-compile": True, "qkv-aot": None, "qkv-default": None}.get(impl, False)
+        assert impl != "qkv-aot" or find(model, batch) is not None, "the package was built before the workers"
 
         def run():
-            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_, package=package)
+            out = generate(model, prompt, NEW, temperature=0, use_cache=use_cache, compile=compile_)
             assert all(len(o) == NEW for o in out)
+    elif impl == "qkv-completer":  # qkv generate's path: text in, text out, the default policy, streamed
+        import io
+        from types import SimpleNamespace
+
+        from qkv import GPT, Completer, preset
+        from qkv.tokenizers.char import CharTokenizer
+
+        chars = CharTokenizer([chr(c) for c in range(32, 32 + VOCAB - 4)])  # + <pad> <bos> <eos> <unk>
+        # Its <eos> taken away, as the other workers': all 200 tokens are generated.
+        tokenizer = SimpleNamespace(encode=chars.encode, decode=chars.decode, eos_id=None, bos_id=chars.bos_id,
+                                    pad_id=chars.pad_id)
+        completer = Completer(GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval(), tokenizer)
+        text = chars.decode([max(i, 4) for i in prompt[0].tolist()])  # the prompt's ids, outside the specials
+        assert batch == 1, "qkv generate streams one prompt"
+
+        def run():
+            completer.complete(text, max_new_tokens=NEW, temperature=0, stream=io.StringIO())
     elif impl in ("hf", "hf-compile"):
         model = hf_gpt()
         mask = torch.ones_like(prompt)
@@ -96,7 +117,7 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             assert all(len(r.sequences[0]) == NEW for r in out)
     elif impl == "floor":
         from qkv import GPT, preset
-        from qkv.generation.kernels import pack_weights, step_linears
+        from qkv.accel.kernels import pack_weights, step_linears
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
         layers = step_linears(model)  # what decoding packs
@@ -135,7 +156,7 @@ def main() -> None:
               "by_batch": {}}
     all_runs = {}
     with tempfile.TemporaryDirectory() as cache:  # qkv-aot's packages, in a user cache of the run's own
-        if "qkv-aot" in args.impls.split(","):
+        if "qkv-aot" in args.impls.split(","):  # qkv-default and qkv-completer then load them too
             result["aot_build_s"] = build_packages(cache, [int(b) for b in args.batches.split(",")])
         measure(args, result, all_runs)
     result["runs"] = all_runs
@@ -147,8 +168,8 @@ def build_packages(cache: str, batches: list[int]) -> dict[str, float]:
     import torch
 
     from qkv import GPT, preset
-    from qkv.generation.kernels import CACHE_ENV, cache_path
-    from qkv.generation.precompiled import precompile
+    from qkv.accel.kernels import CACHE_ENV, cache_path
+    from qkv.accel.precompiled import precompile
 
     os.environ[CACHE_ENV] = str(cache_path())  # the kernels chosen before on this machine, kept
     os.environ["XDG_CACHE_HOME"] = cache  # the workers inherit both
@@ -174,7 +195,8 @@ def measure(args: argparse.Namespace, result: dict, all_runs: dict) -> None:
                     summary[f"ratio_qkv_compile_over_{peer.replace('-', '_')}"] = (
                         summary["qkv-compile"]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])
         for ours, peer in (("qkv", "ct2"), ("qkv-compile", "ct2"), ("qkv-int8", "ct2-int8"), ("ct2", "hf"),
-                           ("qkv-aot", "ct2"), ("qkv-aot", "hf")):
+                           ("qkv-aot", "ct2"), ("qkv-aot", "hf"), ("qkv-default", "hf"), ("qkv-completer", "hf"),
+                           ("qkv-default", "qkv-completer")):
             if ours in summary and peer in summary:
                 summary[f"ratio_{ours.replace('-', '_')}_over_{peer.replace('-', '_')}"] = (
                     summary[ours]["tokens_per_s_median"] / summary[peer]["tokens_per_s_median"])

@@ -62,8 +62,8 @@ def gpt_steps(impl: str, batch: int, sample: bool):
     pick = (lambda logits: next_token(logits, 0.8, 50, None, gen)) if sample else (lambda logits: logits.argmax(-1))
     if impl.startswith("qkv"):
         from qkv import GPT, preset
-        from qkv.generation.kernels import start_decoding
-        from qkv.generation.quantize import quantized
+        from qkv.accel.kernels import start_decoding
+        from qkv.accel.quantize import quantized
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
         if impl == "qkv-int8":

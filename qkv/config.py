@@ -33,18 +33,6 @@ BEAM = 4
 ALPHA = 0.6
 EXTRA = 50
 MAX_TOKENS = 4000
-# From how many new tokens of one prompt `qkv generate` compiles its decoding step by default (on a CPU
-# with a C++ compiler). Compiling costs ~12 s in a new process even with inductor's disk cache warm (33 s
-# cold) and saves ~5 ms a token at the nanoGPT config on a 2-core EPYC (docs/BENCHMARKS.md): it repays
-# itself after ~2,000 tokens.
-COMPILE_AFTER = 2048
-# From how many new tokens `qkv generate` runs the step compiled ahead of time, where one was built for the
-# model, the batch size and this machine (qkv.generation.precompiled): loading it takes ~0.1 s once a process,
-# which the 2-3 ms it saves a token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
-PRECOMPILED_AFTER = 32
-# How many packages of steps compiled ahead of time the user cache keeps (one per model, batch size and
-# machine; 45 MB each at the nanoGPT config, the weights included): building another deletes the oldest.
-PACKAGES_KEPT = 16
 
 
 class ConfigError(QkvError, ValueError):

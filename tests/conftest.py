@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qkv.cli import main
-from qkv.generation import kernels, precompiled
+from qkv.accel import kernels, precompiled
 
 
 def pytest_configure(config):

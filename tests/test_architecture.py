@@ -31,14 +31,15 @@ ALLOWED = {
     "weights": set(),
     "runs": {"models", "tokenizers", "data", "weights", "locks"},
     "evaluation": {"data"},
-    "generation": {"runs", "models", "modules", "tokenizers"},
+    "accel": {"models", "modules"},
+    "generation": {"runs", "models", "modules", "tokenizers", "accel"},
     "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
     "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
     "export": {"runs", "models", "tokenizers"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
     "experiments": {"runs", "data", "evaluation", "generation", "interpret", "training", "locks"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
-            "training", "demo", "experiments", "export"},
+            "training", "demo", "experiments", "export", "accel"},
 }
 EVERYONE = {"config", "io", "parallel"}
 
@@ -85,6 +86,39 @@ def test_each_module_imports_only_what_its_layer_may(path):
             continue
         assert top, f"{rel}: imports {module} inside a function; import it at the top of the file"
         assert part in allowed, f"{rel} ({own}) imports {module}: {own} may import {sorted(allowed)}"
+
+
+# The paper's modules and the models built from them are the paper only: the speed-ups (qkv.accel) transform
+# them from outside, and no machinery of compiling, exporting or quantizing is imported by them.
+PAPER = ("modules", "models")
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch.export", "torch.ao", "torch.compiler")
+
+
+def _all_imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth: qkv's and third parties'."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+            found.extend(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend(a.name for a in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.relative_to(PACKAGE).parts[0] in PAPER],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_papers_modules_import_no_speed_up(path):
+    assert "accel" not in ALLOWED[path.relative_to(PACKAGE).parts[0]]
+    for module in _all_imports(path):
+        assert not module.startswith("qkv.accel"), f"{path.name} imports {module}: speed-ups are applied from outside"
+        assert not module.startswith(COMPILER_MODULES), f"{path.name} imports {module}: that belongs in qkv.accel"
+
+
+def test_the_speed_up_rule_catches_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\n\ndef f():\n    from torch._inductor import config\n    import qkv.accel.kernels\n")
+    assert {"torch._inductor", "qkv.accel.kernels"} <= set(_all_imports(bad))
 
 
 def test_every_part_is_listed():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qkv.cli
-from qkv.generation.compiled import cpu_compiler_available
+from qkv.accel.compiled import cpu_compiler_available
 from qkv.cli.common import command_group
 from qkv.cli.lm import register
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qkv.config import recipe_names
-from qkv.generation.quantize import KINDS
+from qkv.accel.quantize import KINDS
 from qkv.io import DEVICE_DEFAULT
 from qkv.runs import WEIGHT_NAMES
 from qkv.training.distributed import add_launcher
@@ -78,7 +78,7 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 
 
 def add_quantize(parser: argparse.ArgumentParser) -> None:
-    """``--quantize int8``: decode with int8 linear maps on a CPU (qkv.generation.quantize)."""
+    """``--quantize int8``: decode with int8 linear maps on a CPU (qkv.accel.quantize)."""
     parser.add_argument("--quantize", choices=KINDS, default=None,
                         help="int8: the linear maps in int8, quantized once at load (CPU only; its BLEU cost "
                              "is in docs/BENCHMARKS.md)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -17,19 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from qkv.accel.policy import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.accel.precompiled import build_later
 from qkv.cli.common import (
     add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
 )
 from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
-from qkv.config import (
-    COMPILE_AFTER, PRECOMPILED_AFTER, ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names,
-)
+from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
 from qkv.data.lm import load_splits
 from qkv.data.sft import load_pairs
 from qkv.evaluation.perplexity import evaluate_tokens
 from qkv.generation.completer import Completer
-from qkv.generation.precompiled import BACKGROUND_ENV, background_build, build_in_background, package_path
 from qkv.io import keep_freed_memory, read_text_file
 from qkv.runs import Run, load_model, require_arch
 from qkv.training.finetune import FinetuneRecipe, finetune
@@ -182,22 +180,22 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--stop '' would end every completion before it starts: give the text to stop at")
     completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile,
                                    quantize=args.quantize)
+    policy = completer.policy
     rows = 1 if args.prompt is not None or args.sliding_window else args.batch_size  # a full batch of stdin lines
     if args.precompile:
-        path, seconds = completer.precompile(rows)
+        path, seconds = policy.precompile(rows)
         print(f"qkv generate: the decoding step compiled ahead of time in {seconds:.0f} s, kept in {path}"
               if seconds else f"qkv generate: the decoding step was compiled ahead of time before ({path})",
               file=sys.stderr)
-    if args.compile is None and args.prompt is not None and completer.compiles(args.max_new_tokens):
+    if args.compile is None and args.prompt is not None and policy.compiles(args.max_new_tokens):
         print(f"qkv generate: compiling the decoding step, which {args.max_new_tokens} new tokens repay "
               "(--no-compile decodes eagerly)", file=sys.stderr)
-    if completer.loads(args.max_new_tokens, rows):
-        print(f"qkv generate: running the decoding step compiled ahead of time ({completer.package(rows)}; "
+    if policy.loads(args.max_new_tokens, rows):
+        print(f"qkv generate: running the decoding step compiled ahead of time ({policy.package(rows)}; "
               "--no-compile decodes eagerly)", file=sys.stderr)
     # The batch size decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
     decoded, code = _complete_all(completer, args)
-    if decoded and not completer.compiles(args.max_new_tokens, decoded) and completer.would_load(args.max_new_tokens,
-                                                                                                 decoded):
+    if decoded and not policy.compiles(args.max_new_tokens, decoded) and policy.would_load(args.max_new_tokens, decoded):
         _precompile_later(completer, args, decoded)  # once the text is out (and only if it could be written)
     return code
 
@@ -229,33 +227,12 @@ def _complete_all(completer: Completer, args: argparse.Namespace) -> tuple[int, 
 
 
 def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int) -> None:
-    """After an eager generation that a package of the step would have run: build the package in the background,
-    as `git gc --auto` packs a repository after a command, so that the next generation loads it; or say why
-    not (one was started before, the environment turns it off)."""
-    path = package_path(completer.model, rows)
-    build = background_build(path)
-    speedup = "later generations run it, 1.4-1.6x faster"
-    if build is None and os.environ.get(BACKGROUND_ENV) != "0":
-        # The builder is this command with --precompile and nothing to complete (stdin empty): it loads the same
-        # weights, so it builds exactly the package that the next generation looks for.
-        argv = [sys.executable, "-m", "qkv", "generate", "--run", str(args.run), "--device", "cpu", "--precompile",
-                "--batch-size", str(rows), *(["--weights", str(args.weights)] if args.weights else [])]
-        pid = build_in_background(path, argv)
-        if pid is not None:
-            print(f"qkv generate: decoded eagerly; compiling this model's step for this machine and batch size in the "
-                  f"background, at low priority (pid {pid}; 20-40 s at the nanoGPT config): {speedup}. "
-                  f"{BACKGROUND_ENV}=0 or --no-compile: not in the background", file=sys.stderr)
-            return
-        build = background_build(path)  # another generation started one meanwhile
-    if build is None:
-        print(f"qkv generate: decoded eagerly; --precompile once compiles this model's step for this machine and "
-              f"batch size (20-40 s at the nanoGPT config), and {speedup}", file=sys.stderr)
-    elif build.running:
-        print(f"qkv generate: decoded eagerly; this model's step is being compiled in the background"
-              f"{f' (pid {build.pid})' if build.pid else ''}: {speedup}", file=sys.stderr)
-    else:
-        print(f"qkv generate: decoded eagerly; compiling this model's step in the background failed or was stopped "
-              f"(its log: {build.log}); --precompile compiles it here and says why it fails", file=sys.stderr)
+    """After an eager generation that a package of the step would have run: build it in the background."""
+    # The builder is this command with --precompile and nothing to complete (stdin empty): it loads the same
+    # weights, so it builds exactly the package that the next generation looks for.
+    argv = [sys.executable, "-m", "qkv", "generate", "--run", str(args.run), "--device", "cpu", "--precompile",
+            "--batch-size", str(rows), *(["--weights", str(args.weights)] if args.weights else [])]
+    print(f"qkv generate: {build_later(completer.model, rows, argv)}", file=sys.stderr)
 
 
 def _finetune(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS, ConfigError
 from qkv.generation.beam import beam_search, check_alpha, greedy_search
-from qkv.generation.quantize import check_quantize, quantized
+from qkv.accel.quantize import check_quantize, quantized
 from qkv.io import DEVICE_DEFAULT, QkvError, model_device, resolve_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
@@ -66,7 +66,7 @@ class Translator:
             weights: ``model``, ``best``, ``last``, ``average`` (files of the run) or a weights file
                 (default: ``model.safetensors``, else ``best``, else ``last``).
             device: where to run (``auto``: CUDA when present).
-            quantize: ``"int8"``: the linear maps quantized as they are loaded (CPU only; qkv.generation.quantize).
+            quantize: ``"int8"``: the linear maps quantized as they are loaded (CPU only; qkv.accel.quantize).
 
         Raises:
             FileNotFoundError: the directory or one of its files is missing (each is named).

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from qkv.config import ALPHA, BEAM, EXTRA, ConfigError
-from qkv.generation.kernels import end_decoding, start_decoding
+from qkv.accel.kernels import end_decoding, start_decoding
 from qkv.modules.masks import padding_mask
 
 

@@ -9,15 +9,15 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from qkv.generation.compiled import CompiledStep, check_can_compile
-from qkv.generation.kernels import decoding
-from qkv.generation.precompiled import LoadedStep, cache_slots
+from qkv.accel.compiled import CompiledStep
+from qkv.accel.kernels import decoding
+from qkv.accel.policy import StepPolicy
+from qkv.accel.precompiled import LoadedStep, cache_slots
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -46,11 +46,12 @@ def generate(
     pad_id: int = 0,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-    on_step: Callable[[Tensor], None] | None = None,
-    compile: bool = False,
-    package: Path | None = None,
+    on_step: Callable[[Tensor], bool | None] | None = None,
+    compile: bool | None = None,
+    sliding_window: bool = False,
 ) -> list[list[int]]:
-    """Continue each prompt by up to ``max_new_tokens`` tokens.
+    """Continue each prompt by up to ``max_new_tokens`` tokens: the one decoding loop of a GPT, which
+    :class:`~qkv.generation.completer.Completer` and ``qkv generate`` run too.
 
     Args:
         model: a ``GPT``.
@@ -60,65 +61,69 @@ def generate(
         eos_id: a row stops after producing it (it is included in the output).
         use_cache: False recomputes the whole prefix every step (slow; for testing the cache).
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
-        on_step: called with the (B,) new tokens after every step (for streaming).
-        compile: at batch 1, run the steps after the prompt as one compiled graph
-            (``qkv.generation.compiled``): steps 2-3x faster on a CPU, after seconds of compiling. Larger
-            batches stay eager, where the weight products dominate. Needs the cache.
-        package: the model's step compiled ahead of time for this many rows
-            (``qkv.generation.precompiled.find``), run after the prompt in place of the eager step: at
-            batch 8, 7.6 ms a step against 10.5 eager at the nanoGPT config (docs/BENCHMARKS.md). Needs
-            the cache.
+        on_step: called with the (B,) new tokens after every step (for streaming); returning True stops the
+            generation there (a stop string found).
+        compile: how the steps after the prompt run (:class:`qkv.accel.policy.StepPolicy`). None, the default
+            of every caller: a step compiled ahead of time where one was built for this model and batch size,
+            torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
+            prompt's steps compiled (2-3x faster on a CPU, after seconds of compiling); False: eager.
+        sliding_window: one prompt, which with its continuation may exceed the context: the model sees the
+            last ``max_len`` tokens, and once the window is full each step recomputes it (nanoGPT's crop;
+            learned positions cannot be shifted inside a cache).
 
     Returns:
         The new tokens of each row.
     """
     check_sampling_args(temperature, top_k, top_p)
-    if (compile or package is not None) and not use_cache:
+    if compile and not use_cache:
         raise ValueError("a compiled decoding step is the cached one; it needs use_cache=True")
-    if compile and package is not None:
-        raise ValueError("give compile=True or a package compiled ahead of time, not both")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device
-    if compile:
-        check_can_compile(device)
+    policy = StepPolicy(model, compile)
     if isinstance(prompts, Tensor):
         prompts = prompts.tolist()
+    if sliding_window:
+        if len(prompts) != 1:
+            raise ValueError(f"a sliding window decodes one prompt at a time, got {len(prompts)}")
+        prompts = [list(prompts[0])[-model.cfg.max_len:]]  # the window the model sees first
     ids, real = left_pad(prompts, pad_id, device)  # (B, T) each
     b, t = ids.shape
+    context = model.cfg.max_len
     total = t + max_new_tokens
-    if total > model.cfg.max_len:
+    if total > context and not sliding_window:
         raise ValueError(
             f"prompt of {t} tokens + {max_new_tokens} new tokens = {total} exceeds the model's context "
-            f"of {model.cfg.max_len} positions; shorten the prompt or ask for fewer tokens"
+            f"of {context} positions; shorten the prompt or ask for fewer tokens"
         )
+    how, package = policy.choose(max_new_tokens, b) if use_cache else ("eager", None)
     was_training = model.training
     model.eval()
     padded = not bool(real.all())
-    compiled_steps = compile and b == 1  # larger batches stay eager: their weight products dominate
-    loaded_steps = package is not None
     key_mask = real  # (B, L) grows by one column per step
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
     done = torch.zeros(b, dtype=torch.bool, device=device)
     steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
-    compiled: CompiledStep | None = None
+    step: CompiledStep | None = None  # the compiled step, once the prompt is prefilled
+    cached = use_cache  # False: every step recomputes the prefix (use_cache=False, or a full sliding window)
     try:
-        # The caches and, for eager steps, the weights packed for b-row products; compiled steps use no
+        # The caches and, for eager steps, the weights laid out for b-row products; compiled steps use no
         # packing. Both go when the block ends, as does the compiled step's transformation of the model.
-        # Compiled steps read caches of the model's whole context, as the Completer's do: the graph is
-        # specialised to the caches' length, and one length lets every later generation of the process
-        # reuse it (a cache of `total` positions compiled anew, seconds, for every other length). A
-        # package's step was built for caches of cache_slots.
-        cache_len = cache_slots(model) if loaded_steps else model.cfg.max_len if compiled_steps else total
-        eager = not (compiled_steps or loaded_steps)
-        with decoding(model, b, cache_len, packed=eager) if use_cache else contextlib.nullcontext():
-            seq, step_in, step_pos = ids, ids, positions
+        # Compiled steps read caches of the model's whole context, as every generation of the process does:
+        # the graph is specialised to the caches' length, and one length lets later generations reuse it (a
+        # cache of `total` positions compiled anew, seconds, for every other length). A package's step was
+        # built for caches of cache_slots.
+        cache_len = {"loaded": cache_slots(model), "compiled": context}.get(how, min(total, context))
+        with decoding(model, b, cache_len, packed=how == "eager") if use_cache else contextlib.nullcontext():
+            seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
             for i in range(max_new_tokens):
                 mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-                if compiled is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
-                    logits = compiled(step_in, step_pos, t + i - 1)
-                elif use_cache:  # prefill the prompt once, then feed one position per step
+                if step is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
+                    logits = step(step_in, step_pos, t + i - 1)
+                elif cached:  # prefill the prompt once, then feed one position per step
                     logits = model(step_in, mask=mask, positions=step_pos if padded else None)
+                elif sliding_window:  # the window is full: the last `context` tokens, recomputed
+                    logits = model(seq[:, -context:])
                 else:  # recompute the whole prefix (slow; the reference the cache is tested against)
                     later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
                     all_pos = torch.cat([positions, later], 1)
@@ -127,23 +132,28 @@ def generate(
                 if eos_id is not None:
                     tok = tok.masked_fill(done, pad_id)  # finished rows only pad
                 steps.append(tok)
-                if on_step is not None:
-                    on_step(tok)
+                if on_step is not None and on_step(tok):
+                    break
                 if eos_id is not None:
                     done |= tok == eos_id
                     if bool(done.all()):
                         break
-                if use_cache:
-                    step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                    if compiled is None and not eager:
-                        compiled = LoadedStep(model, real, package) if loaded_steps else CompiledStep(model, real)
-                else:
+                if not use_cache or sliding_window:  # what a recomputing step reads
                     seq = torch.cat([seq, tok[:, None]], dim=1)
-                if padded and compiled is None:  # a compiled step keeps its own mask (CompiledStep.visible)
+                if cached and t + i == context:  # a sliding window's cache is full: recompute from here on
+                    model.clear_cache()
+                    if step is not None:
+                        step.close()
+                    step, cached = None, False
+                if cached:
+                    step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
+                    if step is None and how != "eager":
+                        step = LoadedStep(model, real, package) if how == "loaded" else CompiledStep(model, real)
+                if padded and step is None:  # a compiled step keeps its own mask (CompiledStep.visible)
                     key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     finally:
-        if compiled is not None:
-            compiled.close()
+        if step is not None:
+            step.close()
         model.train(was_training)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps

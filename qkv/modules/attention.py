@@ -87,10 +87,6 @@ def scaled_dot_product_attention(
     return out, None
 
 
-def _current_observer() -> Callable[[nn.Module, Tensor], None] | None:
-    return attention_observer.get()
-
-
 def _ungroup(x: Tensor, groups: int) -> Tensor:
     """(B / g, H, g T, X) attention of grouped queries -> (B, H, T, X), one row per query row."""
     n, h, gt, last = x.shape
@@ -106,12 +102,6 @@ class Attention(nn.Module):
     ``d_k`` sets the queries' and keys' size alone (Table 3, row (B): "reducing the attention key size
     d_k hurts model quality"); the values keep d_v = d_model / h, so the heads still concatenate to
     d_model. Scores are scaled by 1 / sqrt(d_k), whatever d_v is.
-
-    ``kernel`` computes softmax(Q K^T / sqrt(d_k)) V and ``observer`` says who wants the weights (the
-    ContextVar that :func:`qkv.interpret.capture.capture_attention` sets). Both are attributes so that
-    a transformation of the model from outside can replace them: a compiled decoding step
-    (qkv.generation.compiled) runs the explicit formula, which inductor fuses, and cannot read a
-    ContextVar.
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
@@ -123,8 +113,6 @@ class Attention(nn.Module):
         self.d_k = d_k or self.head_dim
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
-        self.kernel = scaled_dot_product_attention
-        self.observer = _current_observer
 
     def _check_input(self, x: Tensor, layout: Layout) -> None:
         if x.shape[-1] != self.d_model or x.dim() != (2 if layout.packs else 3):
@@ -143,8 +131,8 @@ class Attention(nn.Module):
         ``groups``: q holds g rows of queries per row of k and v, as g * T queries (a beam's
         hypotheses share their source); the result comes back one row per query row.
         """
-        observer = self.observer()
-        out, weights = self.kernel(q, k, v, mask=mask, is_causal=is_causal,
+        observer = attention_observer.get()  # set while qkv.interpret.capture_attention runs
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
                                    dropout_p=self.dropout if self.training else 0.0,
                                    need_weights=need_weights or observer is not None)
         if groups > 1:  # back to one row per query row

@@ -33,13 +33,6 @@ class KVCache:
         self.k, self.v = self._k, self._v
         self.max_len = max_len
         self.length = 0
-        # Set by a compiled decoding step (qkv.generation.compiled): a (1,) tensor naming the slot the
-        # next position goes to, so that every step has the same shapes; see ``update``.
-        self.slot: Tensor | None = None
-        # Set by a step compiled ahead of time (qkv.generation.precompiled): how many of the slots
-        # attention reads, the ones written so far (None: all). A size the step's graph takes from its
-        # mask, so that one graph serves every length and reads no more of the cache than it holds.
-        self.span: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -56,16 +49,8 @@ class KVCache:
             k, v: (B, H, T, Dh) for the T new positions.
 
         Returns:
-            (B, H, length + T, Dh) keys and values (views of the buffers). With ``slot`` set, the one
-            new position is written at that slot and all ``max_len`` slots come back, (B, H, max_len,
-            Dh): shapes that never change, so one compiled graph serves every step. The caller's mask
-            then hides the slots not yet written, and ``length`` is left alone. With ``span`` set too,
-            the first ``span`` slots come back, (B, H, span, Dh).
+            (B, H, length + T, Dh) keys and values (views of the buffers).
         """
-        if self.slot is not None:
-            self.k.index_copy_(2, self.slot, k)
-            self.v.index_copy_(2, self.slot, v)
-            return self.k[:, :, :self.span], self.v[:, :, :self.span]
         b, h, t, dh = k.shape
         if (b, h, dh) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
             raise ValueError(

@@ -80,19 +80,3 @@ def test_reorder_without_sources_leaves_the_source_keys():
     model.reorder_cache(torch.tensor([1, 0]), sources=torch.tensor([1, 0]))
     assert torch.equal(cross_cache.k, cross_k.flip(0))
     model.clear_cache()
-
-
-def test_a_slot_writes_there_and_returns_every_slot():
-    # The fixed-shape mode of a compiled decoding step: the new position goes where ``slot`` says, and
-    # attention gets all max_len slots (the caller's mask hides the unwritten ones).
-    c = KVCache(1, 2, 6, 4)
-    first = torch.randn(1, 2, 3, 4)
-    c.update(first, first)
-    c.slot = torch.tensor([3])
-    new = torch.randn(1, 2, 1, 4)
-    k, v = c.update(new, -new)
-    assert k.shape == (1, 2, 6, 4) and c.length == 3
-    torch.testing.assert_close(k[:, :, :3], first)
-    torch.testing.assert_close(k[:, :, 3:4], new)
-    torch.testing.assert_close(v[:, :, 3:4], -new)
-    assert not k[:, :, 4:].any()

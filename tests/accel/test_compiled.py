@@ -1,13 +1,14 @@
-"""The compiled decoding step gives the eager model's logits and tokens (qkv.generation.compiled)."""
+"""The compiled decoding step gives the eager model's logits and tokens (qkv.accel.compiled)."""
 
 import pytest
 import torch
 import torch._dynamo
 
 from qkv import GPT, preset
-from qkv.generation.compiled import CompiledStep, cpu_compiler_available
+from qkv.accel.compiled import CompiledStep, SlotCache, cpu_compiler_available
 from qkv.generation.completer import Completer
 from qkv.generation.decode import generate, left_pad
+from qkv.modules.kv_cache import KVCache
 from qkv.tokenizers.char import CharTokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_compiler_available(),
@@ -97,40 +98,40 @@ def test_a_compiled_generation_leaves_the_model_as_it_was():
     """The compiled step transforms the model from outside (its products, its attention) and puts it back."""
     from torch import nn
 
-    from qkv.modules.attention import Attention, scaled_dot_product_attention
+    from qkv.modules.attention import Attention, SelfAttention
 
     m = GPT(preset("tiny-gpt")).eval()
     generate(m, [[3, 1, 4]], 6, temperature=0, compile=True)
     assert all(type(x) is nn.Linear for x in m.modules() if isinstance(x, nn.Linear))
     attention = [x for x in m.modules() if isinstance(x, Attention)]
-    assert attention and all(x.kernel is scaled_dot_product_attention for x in attention)
+    assert attention and all(type(x) is SelfAttention and x.cache is None for x in attention)
     with torch.no_grad():  # and it trains again: the explicit formula and compiled products are gone
         m.train()(torch.tensor([[3, 1, 4]])).sum()
 
 
 def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeypatch):
-    from qkv.config import COMPILE_AFTER
-    from qkv.generation import completer as C
-    from qkv.generation.quantize import quantized
+    from qkv.accel import policy as P
+    from qkv.accel.quantize import quantized
 
     model, tok = GPT(preset("tiny-gpt")).eval(), CharTokenizer(list("abcdefgh \n"))
-    auto = Completer(model, tok)
-    assert not auto.compiles(COMPILE_AFTER - 1) and auto.compiles(COMPILE_AFTER)
-    assert not auto.compiles(COMPILE_AFTER, rows=2)  # batches decode eagerly
-    assert not Completer(quantized(model), tok).compiles(COMPILE_AFTER)  # int8 steps are not compiled
-    assert not Completer(model, tok, compile=False).compiles(10 * COMPILE_AFTER)
-    assert Completer(model, tok, compile=True).compiles(1)
-    monkeypatch.setattr(C, "cpu_compiler_available", lambda: False)
-    assert not auto.compiles(COMPILE_AFTER)  # no compiler: eager, silently
+    auto = Completer(model, tok).policy
+    assert not auto.compiles(P.COMPILE_AFTER - 1) and auto.compiles(P.COMPILE_AFTER)
+    assert not auto.compiles(P.COMPILE_AFTER, rows=2)  # batches decode eagerly
+    assert not Completer(quantized(model), tok).policy.compiles(P.COMPILE_AFTER)  # int8 steps are not compiled
+    assert not Completer(model, tok, compile=False).policy.compiles(10 * P.COMPILE_AFTER)
+    assert Completer(model, tok, compile=True).policy.compiles(1)
+    assert auto.choose(P.COMPILE_AFTER) == ("compiled", None) and auto.choose(P.COMPILE_AFTER - 1) == ("eager", None)
+    monkeypatch.setattr(P, "cpu_compiler_available", lambda: False)
+    assert not auto.compiles(P.COMPILE_AFTER)  # no compiler: eager, silently
 
 
 def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tiny_lm_run, monkeypatch, capsys):
+    from qkv.accel import policy as P
     from qkv.cli import main
-    from qkv.generation import completer as C
 
     run = tiny_lm_run()
     capsys.readouterr()
-    monkeypatch.setattr(C, "COMPILE_AFTER", 8)
+    monkeypatch.setattr(P, "COMPILE_AFTER", 8)
     argv = ["generate", "--run", str(run), "-n", "8", "--temperature", "0", "--device", "cpu", "ab"]
     assert main(argv) == 0
     compiled = capsys.readouterr()
@@ -140,3 +141,22 @@ def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tiny_lm_run, 
     eager = capsys.readouterr()
     assert "compiling" not in eager.err and compiled_frames() == 0
     assert eager.out == compiled.out  # the same continuation
+
+
+def test_a_slot_writes_there_and_returns_every_slot():
+    # A compiled decoding step's cache: the new position goes where ``slot`` says, into the buffers of the
+    # cache it stands in for, and attention gets all max_len slots (the caller's mask hides the unwritten ones),
+    # or the first ``span``.
+    own = KVCache(1, 2, 6, 4)
+    first = torch.randn(1, 2, 3, 4)
+    own.update(first, first)
+    c = SlotCache(own, torch.tensor([3]))
+    new = torch.randn(1, 2, 1, 4)
+    k, v = c.update(new, -new)
+    assert k.shape == (1, 2, 6, 4) and c.length == 3
+    torch.testing.assert_close(k[:, :, :3], first)
+    torch.testing.assert_close(k[:, :, 3:4], new)
+    torch.testing.assert_close(v[:, :, 3:4], -new)
+    assert not k[:, :, 4:].any() and torch.equal(own.k[:, :, 3:4], new)
+    c.span = 4
+    assert c.update(new, new)[0].shape == (1, 2, 4, 4)

@@ -1,5 +1,5 @@
 """A decoding step compiled ahead of time is kept, found again only for the same weights, and gives the eager
-model's tokens (qkv.generation.precompiled)."""
+model's tokens (qkv.accel.precompiled)."""
 
 import os
 import re
@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from qkv import GPT, preset
-from qkv.config import COMPILE_AFTER, PACKAGES_KEPT, PRECOMPILED_AFTER
-from qkv.generation import generate, precompiled
-from qkv.generation.compiled import cpu_compiler_available
+from qkv.accel import precompiled
+from qkv.accel.compiled import cpu_compiler_available
+from qkv.accel.policy import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.accel.precompiled import PACKAGES_KEPT
+from qkv.generation import decode, generate
 from qkv.generation.completer import Completer
 from qkv.tokenizers.char import CharTokenizer
 
@@ -37,16 +39,16 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert len(set(expected)) > 3, expected
 
     auto = Completer(model, tok)
-    assert auto.package() is None and not auto.loads(n)  # nothing built yet: eager
-    path, seconds = auto.precompile()
+    assert auto.policy.package() is None and not auto.policy.loads(n)  # nothing built yet: eager
+    path, seconds = auto.policy.precompile()
     assert path.is_file() and seconds > 0 and path.parent.name == "steps"
     assert precompiled.precompile(model) == (path, 0.0)  # built once
 
     later = Completer(model, tok)  # another Completer, as another process would be
-    assert later.loads(n) and not later.loads(PRECOMPILED_AFTER - 1) and not later.loads(n, rows=2)
-    assert not Completer(model, tok, compile=False).loads(n)
-    assert not later.compiles(10 * COMPILE_AFTER)  # long generations too run the package, not torch.compile's
-    assert Completer(model, tok, compile=True).compiles(n) and not Completer(model, tok, compile=True).loads(n)
+    assert later.policy.loads(n) and not later.policy.loads(PRECOMPILED_AFTER - 1) and not later.policy.loads(n, rows=2)
+    assert not Completer(model, tok, compile=False).policy.loads(n)
+    assert not later.policy.compiles(10 * COMPILE_AFTER)  # long generations too run the package, not torch.compile's
+    assert Completer(model, tok, compile=True).policy.compiles(n) and not Completer(model, tok, compile=True).policy.loads(n)
     assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected
     # The window slides past the context: the loaded step gives way to recomputing, as the compiled one does.
     long = "the quick brown fox jumps over"
@@ -57,15 +59,16 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     # cleared): the next generation decodes eagerly, to the same tokens, instead of failing.
     built = path.read_bytes()
     path.unlink()
-    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected and not later.loads(n)
+    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected and not later.policy.loads(n)
     path.write_bytes(built)
 
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1e-3  # one weight changed: the package is another model's
-    assert Completer(model, tok).package() is None
+    assert Completer(model, tok).policy.package() is None
 
 
-def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts_up_to_the_context(tmp_path):
+def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts_up_to_the_context(tmp_path,
+                                                                                                   monkeypatch):
     tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
     torch.manual_seed(0)
     model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=PRECOMPILED_AFTER + 12)).eval()
@@ -87,12 +90,16 @@ def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts
     assert not (steps / f"{0:032x}-1.pt2").exists() and len(list(steps.glob("*.pt2"))) == PACKAGES_KEPT
     assert path.name.endswith("-3.pt2") and precompiled.find(model, 3) == path and precompiled.find(model, 1) is None
     completer = Completer(model, tok)
-    assert completer.loads(n, rows=3) and not completer.loads(n, rows=1) and not completer.loads(n, rows=2)
+    assert completer.policy.loads(n, rows=3) and not completer.policy.loads(n, rows=1) and not completer.policy.loads(n, rows=2)
     assert completer.complete_batch(prompts, max_new_tokens=n, temperature=0) == expected
+    # qkv.generate's default is the command's: the package where one was built for the batch, eager otherwise.
+    loaded = []
+    monkeypatch.setattr(decode, "LoadedStep", lambda *a: loaded.append(a[2]) or precompiled.LoadedStep(*a))
     ids = [tok.encode(p) for p in prompts]
-    assert generate(model, ids, n, temperature=0, package=path) == generate(model, ids, n, temperature=0)
-    with pytest.raises(ValueError, match="another batch size"):
-        generate(model, ids[:2], n, temperature=0, package=path)
+    assert generate(model, ids, n, temperature=0) == generate(model, ids, n, temperature=0, compile=False)
+    assert loaded == [path]
+    assert generate(model, ids[:2], n, temperature=0) == generate(model, ids[:2], n, temperature=0, compile=False)
+    assert generate(model, ids, PRECOMPILED_AFTER - 1, temperature=0) and loaded == [path]  # too short to load
 
 
 def test_qkv_generate_compiles_in_the_background_then_loads_and_says_so(tiny_lm_run, tmp_path, capsys, monkeypatch):

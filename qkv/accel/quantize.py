@@ -1,6 +1,6 @@
 """int8 decoding: the linear maps of a model quantized once, as it is loaded, for CPU inference.
 
-A decoding step on a CPU is bound by reading its weights (qkv.generation.kernels): int8 weights are a
+A decoding step on a CPU is bound by reading its weights (qkv.accel.kernels): int8 weights are a
 quarter of fp32's bytes. This is PyTorch's dynamic quantization (``torch.ao.quantization``): each
 ``nn.Linear`` becomes a quantized one whose weight is int8 with one scale per output row
 (per-channel, which loses less than one scale per matrix), and whose input is quantized on the fly,

@@ -1,6 +1,6 @@
 """A GPT's decoding step compiled ahead of time (AOTInductor), kept on disk, loaded in a tenth of a second.
 
-The compiled step of :mod:`qkv.generation.compiled` runs a batch-1 token about 1.5x faster than the
+The compiled step of :mod:`qkv.accel.compiled` runs a batch-1 token about 1.5x faster than the
 eager step on a CPU, but a new process pays ~8 s before its first compiled token (importing dynamo
 and inductor, tracing the model, loading the kernels from inductor's disk cache), which only long
 generations repay. Here the same step, transformed the same way, is exported once
@@ -39,15 +39,16 @@ import shutil
 import subprocess
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from qkv.config import PACKAGES_KEPT, ConfigError
-from qkv.generation.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
-from qkv.generation.kernels import end_decoding, start_decoding, step_linears
+from qkv.config import ConfigError
+from qkv.accel.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
+from qkv.accel.kernels import end_decoding, start_decoding, step_linears
 from qkv.io import DataError, atomic_path, cpu_identity, user_cache
 from qkv.models import GPT
 
@@ -58,6 +59,9 @@ FORMAT = 2
 # (nanoGPT config) a step took 7.0 ms with it and 8.3 without; at batch 1, where the products stay the
 # multiply-and-sum loops of compiled_linear, it changed nothing measurable.
 PACKAGE_OPTIONS = {**INDUCTOR_OPTIONS, "freezing": True}
+# How many packages the user cache keeps (one per model, batch size and machine; 45 MB each at the nanoGPT
+# config, the weights included): building another deletes the oldest.
+PACKAGES_KEPT = 16
 # "0" in the environment: qkv generate never builds a package in the background (the test suite sets it).
 BACKGROUND_ENV = "QKV_BACKGROUND_PRECOMPILE"
 # A background build still marked as running after this long was stopped without a trace (a package takes
@@ -66,7 +70,25 @@ BACKGROUND_TIMEOUT = 30 * 60
 
 
 def digest(model: nn.Module) -> str:
-    """What a package is built from: the model's class, configuration and every weight, torch, the CPU."""
+    """What a package is built from: the model's class, configuration and every weight, torch, the CPU.
+
+    Reading every weight takes a while (tens of ms at the nanoGPT config), and every generation long enough
+    to load a package asks: the digest is kept for the model while its tensors are the same and unchanged
+    (their storage and version counters)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.is_inference() for t in tensors):  # no version counter to tell a change by
+        return _digest(model)
+    state = tuple((t.data_ptr(), t._version) for t in tensors)
+    kept = _digests.get(model)
+    if kept is None or kept[0] != state:
+        kept = _digests[model] = (state, _digest(model))
+    return kept[1]
+
+
+_digests: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+
+
+def _digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([FORMAT, torch.__version__, cpu_identity(), type(model).__name__, repr(model.cfg),
                          PACKAGE_OPTIONS]).encode())
@@ -119,7 +141,7 @@ class _Step(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, slot: Tensor, *kv: Tensor) -> Tensor:
         span = mask.shape[-1]  # mask (B, 1, 1, span): attention reads the first span slots, not all of them
-        for cache, k, v in zip(caches_of(self.model), kv[0::2], kv[1::2]):
+        for cache, k, v in zip(caches_of(self.model), kv[0::2], kv[1::2]):  # the SlotCaches of a CompiledStep
             cache.k, cache.v, cache.slot, cache.span = k, v, slot, span  # (B, H, L + 1, Dh) each
         return self.model(tokens, mask=mask, positions=positions)  # (B, 1, V)
 
@@ -241,6 +263,31 @@ def build_in_background(path: Path, argv: list[str]) -> int | None:
     return builder.pid
 
 
+def build_later(model: nn.Module, rows: int, argv: list[str]) -> str:
+    """After an eager generation that a package of the step would have run: build the package in the background
+    (``argv``: a command that builds it, :func:`build_in_background`), as ``git gc --auto`` packs a repository
+    after a command, so that the next generation loads it; return the line that says so, or why not (one was
+    started before, the environment turns it off, an earlier build failed)."""
+    path = package_path(model, rows)
+    build = background_build(path)
+    speedup = "later generations run it, 1.4-1.6x faster"
+    if build is None and os.environ.get(BACKGROUND_ENV) != "0":
+        pid = build_in_background(path, argv)
+        if pid is not None:
+            return (f"decoded eagerly; compiling this model's step for this machine and batch size in the background, "
+                    f"at low priority (pid {pid}; 20-40 s at the nanoGPT config): {speedup}. {BACKGROUND_ENV}=0 or "
+                    "--no-compile: not in the background")
+        build = background_build(path)  # another generation started one meanwhile
+    if build is None:
+        return (f"decoded eagerly; --precompile once compiles this model's step for this machine and batch size "
+                f"(20-40 s at the nanoGPT config), and {speedup}")
+    if build.running:
+        return (f"decoded eagerly; this model's step is being compiled in the background"
+                f"{f' (pid {build.pid})' if build.pid else ''}: {speedup}")
+    return (f"decoded eagerly; compiling this model's step in the background failed or was stopped (its log: "
+            f"{build.log}); --precompile compiles it here and says why it fails")
+
+
 def prune(folder: Path, keep: int) -> None:
     """Delete all but the ``keep`` newest packages in ``folder`` (by when they were built), so that the user
     cache does not grow with every model, batch size and machine a package was ever built for."""
@@ -269,7 +316,7 @@ def _loader(package: str, mtime_ns: int, size: int) -> Any:
 
 
 class LoadedStep(CompiledStep):
-    """:class:`~qkv.generation.compiled.CompiledStep` with the package's step in place of torch.compile's.
+    """:class:`~qkv.accel.compiled.CompiledStep` with the package's step in place of torch.compile's.
 
     The model must have its caches of :func:`cache_slots` positions set up for the package's batch size, the
     prompt prefilled; ``package``: from :func:`find`.
@@ -298,6 +345,6 @@ class LoadedStep(CompiledStep):
         return loader.run([tokens, positions, mask, self.slot, *self.kv])[0]
 
 
-__all__ = ["FORMAT", "PACKAGE_OPTIONS", "BACKGROUND_ENV", "BACKGROUND_TIMEOUT", "digest", "package_path", "cache_slots",
-           "can_precompile", "find", "precompile", "prune", "BackgroundBuild", "background_build", "build_in_background",
+__all__ = ["FORMAT", "PACKAGE_OPTIONS", "PACKAGES_KEPT", "BACKGROUND_ENV", "BACKGROUND_TIMEOUT", "digest", "package_path", "cache_slots",
+           "can_precompile", "find", "precompile", "prune", "BackgroundBuild", "background_build", "build_in_background", "build_later",
            "LoadedStep"]

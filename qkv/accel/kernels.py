@@ -23,7 +23,7 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
   weight changed since). The results are ``F.linear``'s up to fp32 rounding (another summation
   order), whichever is chosen.
 - :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
-  (qkv.generation.compiled).
+  (qkv.accel.compiled).
 
 Where no weight is laid out anew: training (oneDNN builds a kernel for every new row count, and
 batches of real tokens change it at every step: translation training got slower and 40% larger in

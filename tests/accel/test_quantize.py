@@ -1,4 +1,4 @@
-"""int8 decoding (qkv.generation.quantize): the linear maps in int8, everything else as it was.
+"""int8 decoding (qkv.accel.quantize): the linear maps in int8, everything else as it was.
 
 A quantized model computes nearly the logits of its fp32 self and so decodes nearly the same words;
 the fp32 model it was made from is untouched; what cannot run (a GPU, int8 with --compile, an
@@ -17,7 +17,7 @@ from qkv.config import ConfigError
 from qkv.generation import generate
 from qkv.generation.api import Translator
 from qkv.generation.beam import greedy_search
-from qkv.generation.quantize import check_quantize, quantized
+from qkv.accel.quantize import check_quantize, quantized
 
 needs_int8 = pytest.mark.skipif(not torch.backends.quantized.supported_engines, reason="no quantized engine")
 

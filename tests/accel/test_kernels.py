@@ -1,4 +1,4 @@
-"""Decoding's CPU speed-ups (qkv.generation.kernels) compute F.linear's function, applied around the model and removed after."""
+"""Decoding's CPU speed-ups (qkv.accel.kernels) compute F.linear's function, applied around the model and removed after."""
 
 import json
 import math
@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv import GPT, Transformer, preset
-from qkv.generation import kernels as K
-from qkv.generation.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
+from qkv.accel import kernels as K
+from qkv.accel.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
 from qkv.io import cpu_identity
 
 needs_onednn = pytest.mark.skipif(not K.available("onednn"), reason="this torch has no oneDNN linear")
@@ -328,14 +328,3 @@ def test_the_compiled_form_computes_f_linear(bias, shape):
     m = nn.Linear(24, 10, bias=bias)
     x = torch.randn(shape)
     torch.testing.assert_close(compiled_linear(x, m.weight, m.bias), F.linear(x, m.weight, m.bias), atol=1e-6, rtol=0)
-
-
-def test_the_model_files_hold_no_speed_up():
-    """The paper's modules are plain: no compile branches, no packing, no kernel choice inside them."""
-    import pathlib
-
-    import qkv.modules
-
-    for path in pathlib.Path(qkv.modules.__file__).parent.glob("*.py"):
-        text = path.read_text(encoding="utf-8")
-        assert "is_compiling" not in text and "mkldnn" not in text, path.name
