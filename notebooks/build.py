@@ -381,7 +381,7 @@ from qkv.data.synthetic import demo_corpus
 from qkv.experiments.forgetting import score
 from qkv.generation.completer import Completer
 from qkv.runs import Run, load_model
-from qkv.training.finetune import FinetuneConfig, finetune
+from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune
 from qkv.training.lm_run import LMRecipe
 from qkv.training.train_lm import train_lm
 
@@ -468,7 +468,6 @@ rate (half a minute to a minute each on two cores):
   distribution held near the base model's).
 """),
     code("""
-train, valid = load_pairs("demo:train"), load_pairs("demo:valid")
 settings = dict(steps=1000, warmup=50, batch_size=16, pretrain_batch_size=8, lr=2e-3, min_lr=2e-4,
                 eval_every=1000, eval_iters=5, eval_pairs=50, threads=2)
 cures = {"sft": {}, "mix": {"mix": 1.0}, "kl": {"kl": 1.0}}
@@ -476,7 +475,8 @@ for name, cure in cures.items():
     run = Path(f"runs/gpt-{name}")
     if not Run(run).exists:
         t0 = time.perf_counter()
-        finetune(BASE, run, train, valid, FinetuneConfig(**settings, **cure), quiet=True, plot=False)
+        recipe = FinetuneRecipe(FinetuneData(str(BASE), "demo:train", "demo:valid"), FinetuneConfig(**settings, **cure))
+        finetune(recipe, run, quiet=True, plot=False)
         print(f"{name}: {time.perf_counter() - t0:.0f} s")
 """),
     md("""

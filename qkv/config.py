@@ -331,9 +331,15 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
-    """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file."""
+def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = (), nested: str | None = None) -> T:
+    """Read a YAML config file into ``cls`` and apply ``key=value`` overrides; errors name the file. ``nested``:
+    the file may hold the sections under that key (a larger file with a ``finetune:`` part)."""
     data = read_yaml_mapping(path)
+    if nested and nested in data:
+        data = data[nested]
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: the {nested} section must be a mapping of sections (train: ...)")
+        path = f"{path} ({nested})"
     if not data:  # an empty file trains nothing it says: the defaults, which no one asked for by name
         raise ConfigError(f"{path}: the recipe is empty; give its model:, data: and train: sections (as "
                           "the shipped recipes in qkv/recipes/ do), or leave out --recipe to train the defaults")
@@ -406,10 +412,11 @@ def recipe_file(kind: str, name: str | Path) -> Path:
                       f"{', '.join(known)} (or give the path of a YAML file)")
 
 
-def load_recipe(cls: type[T], kind: str, name: str | Path, overrides: Sequence[str] = ()) -> T:
+def load_recipe(cls: type[T], kind: str, name: str | Path, overrides: Sequence[str] = (),
+                nested: str | None = None) -> T:
     """Recipe ``name`` (see :func:`recipe_file`) read into ``cls``, each section merged onto its defaults, then
     ``section.key=value`` overrides; errors name the file and the key."""
-    return load_yaml(recipe_file(kind, name), cls, overrides)
+    return load_yaml(recipe_file(kind, name), cls, overrides, nested)
 
 
 __all__ = [

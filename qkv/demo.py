@@ -26,7 +26,8 @@ from qkv.interpret.model_maps import translation_maps
 from qkv.interpret.plots import plot_attention
 from qkv.runs import one_writer
 from qkv.io import write_json
-from qkv.training.train_mt import load_train_config, train
+from qkv.training import recipes
+from qkv.training.train_mt import train
 
 # The recipe: qkv/recipes/mt/demo.yaml, read like every other job's (`qkv train mt --recipe demo`).
 # Measured on the shared 2-core development machine (docs/results/demo.md): 30-160 s end to end
@@ -92,14 +93,14 @@ def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrid
     """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    cfg = load_train_config(RECIPE, list(overrides))
+    cfg = recipes.load("mt", RECIPE, list(overrides))
     if seed is not None:
         cfg = replace(cfg, train=replace(cfg.train, seed=seed))
     m = cfg.model
     _eprint(f"qkv demo: training a Transformer ({m.n_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
             f"{m.n_heads} heads) to translate Chinese to English, on {cfg.data.demo_train:,} generated sentence "
             f"pairs, for {cfg.train.steps} steps. Progress below; about two minutes on a laptop CPU.")
-    summary = train(cfg, run_dir, overwrite=True, desc="demo", quiet=quiet)
+    summary = train(cfg, run_dir, overwrite=True, quiet=quiet, desc="demo").summary
 
     translator = Translator.from_run(run_dir)
     examples = list(UNSEEN_EXAMPLES)

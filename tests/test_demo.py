@@ -52,7 +52,7 @@ def tiny_run(tmp_path_factory):
 def test_the_demo_reads_the_shipped_recipe(monkeypatch, tmp_path):
     """`qkv demo` trains exactly what `qkv train mt --recipe demo` trains."""
     import qkv.demo
-    from qkv.training.train_mt import load_train_config
+    from qkv.training import recipes
 
     seen = {}
 
@@ -63,7 +63,7 @@ def test_the_demo_reads_the_shipped_recipe(monkeypatch, tmp_path):
     monkeypatch.setattr(qkv.demo, "train", fake_train)
     with pytest.raises(KeyboardInterrupt):
         run_demo(tmp_path / "demo", quiet=True)
-    assert seen["cfg"] == load_train_config("demo")
+    assert seen["cfg"] == recipes.load("mt", "demo")
     assert seen["cfg"].train.steps == 450 and seen["cfg"].data.corpus == "demo"
 
 

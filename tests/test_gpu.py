@@ -25,7 +25,7 @@ from qkv.models.transformer import Transformer
 from qkv.modules.attention import scaled_dot_product_attention
 from qkv.training.lm_run import LMRecipe
 from qkv.training.logging import read_metrics
-from qkv.training.losses import label_smoothed_nll
+from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.train_lm import train_lm
 from qkv.training.train_mt import MTRecipe
 from qkv.training.train_mt import train as train_mt
@@ -140,7 +140,7 @@ def test_bf16_translation_training_learns_and_scores_its_bleu_in_bf16(tmp_path):
         "train": {"steps": 60, "warmup": 10, "peak_lr": 3e-3, "eval_every": 30, "eval_bleu_sentences": 8,
                   "device": "cuda", "test_beam": 2, "log_every": 5},
     })
-    summary = train_mt(recipe, tmp_path / "run", quiet=True)
+    summary = train_mt(recipe, tmp_path / "run", quiet=True).summary
     train = [r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert train[-1] < 0.7 * train[0]
     assert 0.0 <= summary["test"]["bleu"] <= 100.0 and summary["test"]["sentences"] == 8

@@ -22,7 +22,6 @@ from qkv.interpret.explorer.export import export_page
 from qkv.interpret.explorer.language import LANGS
 from qkv.interpret.explorer.payload import AttentionDataError
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
-from qkv.runs import Run
 
 DEFAULT_PORT = 8765
 

@@ -23,16 +23,16 @@ from qkv.cli.common import (
 )
 from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
-from qkv.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping, recipe_names
+from qkv.config import recipe_names, replace
 from qkv.data.lm import load_splits
-from qkv.data.sft import load_pairs
-from qkv.evaluation.perplexity import evaluate_tokens
+from qkv.evaluation.validation import evaluate_tokens
 from qkv.generation.completer import Completer
 from qkv.io import keep_freed_memory, read_text_file
 from qkv.runs import Run, load_model, require_arch
-from qkv.training.finetune import FinetuneRecipe, finetune
+from qkv.training import recipes
+from qkv.training.finetune import FinetuneData, finetune
 from qkv.training.lm_run import convert_gpt2_run, load_run_recipe
-from qkv.training.train_lm import load_lm_recipe, train_lm
+from qkv.training.train_lm import train_lm
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -140,24 +140,17 @@ def _train_lm(args: argparse.Namespace) -> int:
         if not args.run:
             raise ValueError("--resume needs --run DIR")
         require_arch(Run(args.run), "gpt", "qkv train lm --resume", instead="qkv train mt --resume")
-        recipe = load_run_recipe(args.run)
-        if args.overrides:
-            recipe = apply_overrides(recipe, args.overrides)
         run = args.run
     else:
         if not args.recipe:
             raise ValueError(f"give --recipe NAME ({', '.join(recipe_names('lm'))}) or FILE, or --resume --run DIR")
-        recipe = load_lm_recipe(args.recipe, args.overrides)
         run = args.run or str(Path("runs") / Path(args.recipe).stem)
+    recipe = recipes.load("lm", args.recipe, args.overrides, run, args.resume)
     if args.init_from:
         require_arch(Run(args.init_from), "gpt", "--init-from")
-    result = train_lm(recipe, run, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
-                      quiet=args.quiet)
-    print(json.dumps({
-        "run": str(result.run_dir), "step": result.step, "train_seconds": round(result.train_seconds, 1),
-        "valid_loss_estimate": result.valid_loss, "best_valid_estimate": result.best_valid,
-        "valid_loss_full": result.final["loss"] if result.final else None,
-    }))
+    result = train_lm(recipe, run, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet,
+                      init_from=args.init_from)
+    print(json.dumps(result.summary))
     return 0
 
 
@@ -236,31 +229,17 @@ def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int)
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    recipe = FinetuneRecipe()
-    if args.recipe:
-        data = read_yaml_mapping(args.recipe)
-        section = data.get("finetune", data)
-        if not isinstance(section, dict):
-            raise ConfigError(f"{args.recipe}: the finetune section must be a mapping with a train: section")
-        recipe = from_dict(FinetuneRecipe, section, where=f"{args.recipe}" + (" (finetune)" if "finetune" in data else ""))
     overrides = list(args.overrides)
-    if args.mix is not None:
-        overrides.append(f"train.mix={args.mix}")
-    if args.lora is not None:
-        overrides.append(f"train.lora_rank={args.lora}")
-    if args.kl is not None:
-        overrides.append(f"train.kl={args.kl}")
-    if args.pretrain_text is not None:
-        overrides.append(f"train.pretrain_text={args.pretrain_text}")
-    if overrides:
-        recipe = apply_overrides(recipe, overrides)
-    cfg = recipe.train
-    train_pairs = load_pairs(args.data)
-    valid_pairs = load_pairs(args.valid) if args.valid else None
-    result = finetune(args.base, args.out, train_pairs, valid_pairs, cfg, resume=args.resume,
-                      overwrite=args.overwrite, quiet=args.quiet, data_spec=args.data)
-    print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.before,
-                      "after": result.after, "train_seconds": round(result.train_seconds, 1)}))
+    for option, key in ((args.mix, "mix"), (args.lora, "lora_rank"), (args.kl, "kl"),
+                        (args.pretrain_text, "pretrain_text")):
+        if option is not None:
+            overrides.append(f"train.{key}={option}")
+    recipe = recipes.load("finetune", args.recipe, overrides)
+    # The base run and the task pairs, as the command names them (not through key=value: a path is no YAML).
+    recipe = replace(recipe, data=FinetuneData(base_run=str(args.base), train=args.data, valid=args.valid or ""))
+    result = finetune(recipe, args.out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    print(json.dumps({"run": str(result.run_dir), "step": result.step, "before": result.summary.get("before"),
+                      "after": result.final, "train_seconds": round(result.train_seconds, 1)}))
     return 0
 
 

@@ -23,7 +23,8 @@ from qkv.evaluation.bleu import score
 from qkv.generation.api import InputError, InputTooLongError, Translator
 from qkv.io import read_lines, write_text
 from qkv.runs import CONFIG_FILE, Run, require_arch
-from qkv.training.train_mt import load_train_config, train
+from qkv.training import recipes
+from qkv.training.train_mt import train
 
 
 def register(subparsers) -> None:
@@ -100,10 +101,10 @@ def cmd_train_mt(args: argparse.Namespace) -> int:
     run_dir = Path(args.run) if args.run else Path("runs") / Path(args.recipe).stem
     if args.resume:
         require_arch(Run(run_dir), "transformer", "qkv train mt --resume", instead="qkv train lm --resume")
-    cfg = load_train_config(args.recipe, args.overrides, run_dir, args.resume)
+    cfg = recipes.load("mt", args.recipe, args.overrides, run_dir, args.resume)
     if args.data_dir:
         cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
-    summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    summary = train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet).summary
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -32,12 +32,12 @@ from qkv.config import apply_overrides, load_recipe
 from qkv.data.sft import encode_pairs, load_pairs
 from qkv.data.synthetic import DEMO
 from qkv.evaluation.bleu import corpus_bleu
-from qkv.evaluation.perplexity import evaluate_tokens
+from qkv.evaluation.validation import evaluate_tokens, response_loss
 from qkv.experiments.grid import Variant, machine, read_results, spread
 from qkv.generation.completer import Completer
 from qkv.io import read_json, write_json, write_text
 from qkv.runs import MODEL_WEIGHTS_NAME, RESULTS_FILE, Run, load_model
-from qkv.training.finetune import FinetuneConfig, evaluate_task, finetune, pretraining_data
+from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, pretraining_data
 from qkv.training.lm_run import LMRecipe, load_run_recipe
 from qkv.training.train_lm import train_lm
 
@@ -111,7 +111,7 @@ def score(run: Path, base: Path) -> dict[str, float]:
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
     shakespeare = pretraining_data(Run(base), FinetuneConfig(), tokenizer, recipe.data)
     return {"exact_match": 100.0 * sum(h == r for h, r in zip(hyps, refs)) / len(refs),
-            "bleu": corpus_bleu(hyps, refs), "task_loss": evaluate_task(model, valid, pad)["loss"],
+            "bleu": corpus_bleu(hyps, refs), "task_loss": response_loss(model, valid, pad)["loss"],
             "pretrain_loss": evaluate_tokens(model, shakespeare.valid, context, 32)["loss"],
             "examples": [{"prompt": p.prompt, "output": h} for p, h in zip(test[:3], hyps[:3])]}
 
@@ -129,9 +129,8 @@ def train_and_score(variant: Variant, run: Path, resume: bool, base: Path, steps
                           quiet=quiet, plot=False)
         seconds, trainable = result.train_seconds, sum(p.numel() for p in load_model(base, device="cpu")[0].parameters())
     else:
-        train_pairs, valid_pairs = load_pairs(TASK_TRAIN), load_pairs(TASK_VALID)
-        finetune(base, run, train_pairs, valid_pairs, cfg, resume=resume, overwrite=not resume, quiet=quiet,
-                 plot=False, data_spec=TASK_TRAIN)
+        recipe = FinetuneRecipe(FinetuneData(str(base), TASK_TRAIN, TASK_VALID), cfg)
+        finetune(recipe, run, resume=resume, overwrite=not resume, quiet=quiet, plot=False)
         saved = read_json(run / RESULTS_FILE, "fine-tuning results")
         seconds, trainable = saved["train_seconds"], saved["trainable_parameters"]
     return {"steps": cfg.steps, "train_seconds": seconds, "trainable_parameters": trainable, **score(run, base)}

@@ -27,7 +27,8 @@ from qkv.interpret.explorer.constants import STATIC_DIR
 from qkv.io import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
 from qkv.training.logging import read_metrics
-from qkv.training.train_mt import MTRecipe, load_train_config, train
+from qkv.training import recipes
+from qkv.training.train_mt import MTRecipe, train
 
 BASE_RECIPE = "multi30k_de_en"
 # The step budget of every variant: the whole grid in about 3 hours of a fast 2-core machine with two workers,
@@ -120,7 +121,7 @@ def variants(rows: Sequence[str] | None = None, max_seeds: int | None = None) ->
 def recipe_of(variant: Variant, steps: int, base: str | Path = BASE_RECIPE, extra: Sequence[str] = ()) -> MTRecipe:
     """The variant's recipe: the base recipe, the grid's budget, then the variant's own changes; its "test"
     is the validation split, which Table 3 reports (the paper's dev set, newstest2013)."""
-    cfg = load_train_config(base, [*base_overrides(steps), *extra, *variant.overrides])
+    cfg = recipes.load("mt", base, [*base_overrides(steps), *extra, *variant.overrides])
     return replace(cfg, data=replace(cfg.data, test=cfg.data.valid))
 
 
@@ -128,8 +129,8 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
                     extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
     """Train (or resume) the variant, then its row of the table: validation perplexity, BLEU, parameters."""
     # On resume, the run's own config, as it started (the same overrides).
-    cfg = load_train_config(None, [], run, resume=True) if resume else recipe_of(variant, steps, base, extra)
-    summary = train(cfg, run, resume=resume, overwrite=not resume, quiet=quiet)
+    cfg = recipes.load("mt", None, [], run, resume=True) if resume else recipe_of(variant, steps, base, extra)
+    summary = train(cfg, run, resume=resume, overwrite=not resume, quiet=quiet).summary
     chosen = summary["final"]
     select = [r for r in read_metrics(run / METRICS_FILE) if r["split"] == "select" and r["candidate"] == chosen]
     nll = select[-1]["nll"]

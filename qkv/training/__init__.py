@@ -7,7 +7,7 @@ atomic checkpoints (``checkpoint``; weights files are :mod:`qkv.weights`), metri
 from qkv.io import atomic_path, atomic_paths
 from qkv.training.checkpoint import capture_rng_state, list_checkpoints, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.training.logging import MetricsLogger, NonFiniteLossError, Progress, check_finite, read_metrics
-from qkv.training.losses import TokenLoss, label_smoothed_nll, masked_nll
+from qkv.evaluation.losses import TokenLoss, label_smoothed_nll, masked_nll
 from qkv.training.optim import build_adam, build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, inverse_sqrt_lr, noam_lr, noam_peak_lr, set_lr

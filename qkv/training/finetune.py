@@ -25,10 +25,9 @@ The run directory has the layout of a pretraining run (so ``qkv generate --run``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 import torch
@@ -39,23 +38,19 @@ from torch import Tensor, nn
 from qkv.config import ConfigError, save_json, to_dict
 from qkv.data.corpora import list_corpora, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, token_dtype
-from qkv.data.sft import Pair, PairSampler, SFTExample, collate, encode_pairs, fingerprint
-from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
-from qkv.io import (
-    DataError, atomic_path, autocast, evaluating, model_device, read_json, read_text_file, to_device, write_json,
-)
+from qkv.data.sft import PairSampler, encode_pairs, fingerprint, load_pairs
+from qkv.evaluation.validation import estimate_loss, evaluate_tokens, response_loss
+from qkv.io import DataError, atomic_path, autocast, read_json, read_text_file, to_device, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, one_writer, require_arch
-from qkv.parallel import SINGLE, Ranks
-from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, check_rates, check_same_run, compiled, export, resume_state, save_state, start,
-    update,
+    Cadence, LoopConfig, LoopState, TrainResult, accumulate, check_adam, check_rates, check_same_run, compiled,
+    export, rank_share, resume_state, save_state, start, update,
 )
-from qkv.training.losses import masked_nll
+from qkv.evaluation.losses import masked_nll
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
@@ -130,25 +125,29 @@ class FinetuneConfig(LoopConfig):
 
 
 @dataclass(frozen=True)
+class FinetuneData:
+    """What a fine-tuning run learns from: its base run (the model, its tokenizer and its pretraining corpus)
+    and the task pairs, each a JSONL file of ``{prompt, response}`` or ``CORPUS:SPLIT``
+    (:func:`qkv.data.sft.load_pairs`). On the command line: ``--run``, ``--data`` and ``--valid``.
+
+    Attributes:
+        base_run: The pretrained run directory.
+        train: The task pairs trained on.
+        valid: Held-out pairs for the task loss ("": none measured).
+    """
+
+    base_run: str = ""
+    train: str = ""
+    valid: str = ""
+
+
+@dataclass(frozen=True)
 class FinetuneRecipe:
-    """A fine-tuning recipe: only a ``train:`` section, since the model, its tokenizer and the pretraining
-    corpus are the base run's and the task pairs are named on the command line (``--data``)."""
+    """A fine-tuning recipe: ``data:`` (the base run and the task pairs) and ``train:``; no ``model:``, since the
+    model is the base run's. A recipe file usually holds only ``train:``, the command line naming the data."""
 
+    data: FinetuneData = field(default_factory=FinetuneData)
     train: FinetuneConfig = field(default_factory=FinetuneConfig)
-
-
-@dataclass
-class FinetuneResult:
-    """What :func:`finetune` did: per-step losses and the evaluations before and after."""
-
-    run_dir: Path
-    step: int
-    losses: list[float] = field(default_factory=list)
-    task_losses: list[float] = field(default_factory=list)
-    pretrain_losses: list[float] = field(default_factory=list)
-    before: dict[str, float] = field(default_factory=dict)
-    after: dict[str, float] = field(default_factory=dict)
-    train_seconds: float = 0.0
 
 
 class Losses(NamedTuple):
@@ -222,28 +221,6 @@ def finetune_loss(
     return Losses(total, task, pretrain, divergence)
 
 
-def evaluate_task(model: nn.Module, examples: Sequence[SFTExample], pad_id: int, batch_size: int = 32,
-                  amp: torch.dtype | None = None, ranks: Ranks = SINGLE) -> dict[str, float]:
-    """Response-only NLL over every example (token-weighted mean) and its perplexity; with ``ranks``, each
-    rank scores every ``world_size``-th batch and the sums are added."""
-    device = model_device(model)
-    total, count = 0.0, 0
-    with evaluating(model):
-        # Sorted by length so each batch pads little.
-        order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
-        starts = range(0, len(order), batch_size)
-        for i in (starts[k] for k in ranks.share(len(starts))):
-            x, y, mask = (t.to(device) for t in collate([examples[j] for j in order[i:i + batch_size]], pad_id))
-            with autocast(device, amp):
-                logits = model(x)
-            out = masked_nll(logits.float(), y, mask)
-            total += out.nll.item() * int(out.n_tokens)
-            count += int(out.n_tokens)
-    total, count = ranks.add(total, count, device=device)
-    loss = total / max(count, 1)
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": int(count)}
-
-
 def pretraining_data(base: Run, cfg: FinetuneConfig, tokenizer, data: LMDataConfig) -> LMData | None:
     """The pretraining text for the mixed loss and for measuring forgetting (``cfg.pretrain_text``, else
     the base run's tokens.bin), split as the base run's recipe (``data``) splits its corpus; None if there is
@@ -280,43 +257,42 @@ def _fixed(record: dict[str, Any]) -> dict[str, Any]:
             **{f"train.{key}": tuning[key] for key in ("lora_rank", "lora_alpha", "lora_targets") if key in tuning}}
 
 
-@one_writer("out_dir")
+@one_writer("run_dir")
 def finetune(
-    base_run: str | Path,
-    out_dir: str | Path,
-    train_pairs: Sequence[Pair],
-    valid_pairs: Sequence[Pair] | None = None,
-    cfg: FinetuneConfig = FinetuneConfig(),
+    recipe: FinetuneRecipe,
+    run_dir: str | Path,
     *,
     resume: bool = False,
     overwrite: bool = False,
-    stop_at: int | None = None,
     quiet: bool = False,
+    stop_at: int | None = None,
     stream: TextIO | None = None,
     plot: bool = True,
-    data_spec: str = "",
-) -> FinetuneResult:
-    """Fine-tune the GPT of ``base_run`` on ``train_pairs`` into ``out_dir``.
+) -> TrainResult:
+    """Fine-tune the GPT of ``recipe.data.base_run`` on ``recipe.data.train`` into ``run_dir``.
 
     Args:
-        base_run: A pretraining run directory (its weights, tokenizer and tokens.bin are read).
-        out_dir: The new run directory.
-        train_pairs: Task examples.
-        valid_pairs: Held-out task examples for the task loss (None: no task evaluation).
-        cfg: Settings (mix for the mixed loss, lora_rank for LoRA).
-        resume: Continue ``out_dir/last`` exactly (weights, optimizer, samplers, RNGs).
-        overwrite: Replace a run that ``out_dir`` already holds.
-        stop_at: Stop after this step as if interrupted.
+        recipe: The base run, the task pairs and the settings (``train.mix`` for the mixed loss,
+            ``train.kl`` for distillation, ``train.lora_rank`` for LoRA).
+        run_dir: The new run directory.
+        resume: Continue ``run_dir/last`` exactly (weights, optimizer, samplers, RNGs).
+        overwrite: Replace a run that ``run_dir`` already holds.
         quiet: No progress output.
+        stop_at: Stop after this step as if interrupted.
         stream: Where progress goes (stderr by default).
         plot: Draw ``curves.png`` at the end.
-        data_spec: What ``train_pairs`` came from, recorded in ``finetune.json``.
 
     Returns:
-        A :class:`FinetuneResult` (``before``/``after``: ``task_loss`` and ``pretrain_loss``, the latter a
-        full pass over the pretraining corpus's validation split).
+        A :class:`~qkv.training.loop.TrainResult`: ``final`` the ``task_loss`` and ``pretrain_loss`` after (the
+        latter a full pass over the pretraining corpus's validation split), ``summary`` results.json, whose
+        ``before`` holds the same before the first step.
     """
-    base_run, out_dir = Path(base_run), Path(out_dir)
+    data, cfg = recipe.data, recipe.train
+    if not data.base_run or not data.train:
+        raise ConfigError("fine-tuning needs a base run and task pairs: data.base_run (--run) and data.train (--data)")
+    base_run, out_dir = Path(data.base_run), Path(run_dir)
+    train_pairs = load_pairs(data.train)
+    valid_pairs = load_pairs(data.valid) if data.valid else None
     runtime = start(cfg)
     device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
     require_arch(Run(base_run), "gpt", "qkv finetune")
@@ -344,7 +320,7 @@ def finetune(
 
     def prepare() -> None:  # the main rank writes the run directory; any others wait
         with Run(out_dir).starting(resume, overwrite):
-            record = {"base_run": str(base_run), "data": data_spec, "data_sha256": fingerprint(train_pairs),
+            record = {"base_run": str(base_run), "data": data.train, "data_sha256": fingerprint(train_pairs),
                       "finetune": to_dict(cfg)}
             if resume:
                 check_same_run(_fixed(read_json(out_dir / FINETUNE_FILE, "fine-tuning record")), _fixed(record))
@@ -380,7 +356,7 @@ def finetune(
         out: dict[str, float] = {}
         examples = valid_examples if full else eval_examples
         if examples:
-            out["task_loss"] = evaluate_task(model, examples, pad_id, cfg.batch_size * 2, amp, ranks)["loss"]
+            out["task_loss"] = response_loss(model, examples, pad_id, cfg.batch_size * 2, amp, ranks)["loss"]
         if pretrain is None:
             return out  # nothing to measure forgetting on
         if full:
@@ -410,7 +386,7 @@ def finetune(
                    + (f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else "") + f", lambda {cfg.mix:g}"
                    + (f", KL beta {cfg.kl:g}" if cfg.kl else "") + "; before: "
                    + ", ".join(f"{k} {v:.4f}" for k, v in before.items()))
-    result = FinetuneResult(out_dir, state.step, before=before)
+    result = TrainResult(out_dir, state.step, summary={"before": before})
 
     def checkpoint() -> None:
         save_state(out_dir, model, optimizer, state, runtime, extra={"before": before}, metrics=metrics, **streams)
@@ -425,22 +401,25 @@ def finetune(
             # of the batch's response tokens (times the ranks: DDP averages), so the update is the one
             # one process makes on the whole batch; pretraining windows all weigh the same.
             sums = torch.zeros(3, device=device)  # task, pretrain, KL: this rank's part of the step's means
-            for i in range(cfg.accumulate):
+
+            def loss_of(i: int) -> Tensor:
+                nonlocal sums
                 x, y, mask = sampler.next()  # (B, T) each, the whole batch on every rank
                 rows = ranks.rows(len(x))
-                share = float(mask[rows].sum()) / max(float(mask.sum()), 1.0) * ranks.world_size
+                share = rank_share(float(mask[rows].sum()), float(mask.sum()), ranks)
                 pre_batch = None
                 if cfg.mix > 0 or cfg.kl > 0:
                     px, py = pretrain.get_batch("train", pretrain_bs, context)
                     pre_rows = ranks.rows(pretrain_bs)
                     pre_batch = (px[pre_rows], py[pre_rows])
-                with synced(wrapped, last=i == cfg.accumulate - 1):
-                    losses = finetune_loss(forward, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
-                                        task_share=share, kl=cfg.kl, base=frozen)
-                    runtime.backward(losses.total / cfg.accumulate)
+                losses = finetune_loss(forward, (x[rows], y[rows], mask[rows]), pre_batch, cfg.mix, amp,
+                                       task_share=share, kl=cfg.kl, base=frozen)
                 parts = [losses.task.detach() * share] + [
                     torch.zeros((), device=device) if t is None else t.detach() for t in (losses.pretrain, losses.kl)]
                 sums += torch.stack(parts) / (cfg.accumulate * ranks.world_size)
+                return losses.total / cfg.accumulate
+
+            accumulate(wrapped, runtime, cfg.accumulate, loss_of)
             task_sum, pre_sum, kl_sum = ranks.sum(sums)  # the whole step's task, pretraining and KL losses
             loss_value = update(cfg, state, runtime, optimizer, task_sum + cfg.mix * pre_sum + cfg.kl * kl_sum,
                                 (p for p in model.parameters() if p.requires_grad), metrics)
@@ -448,8 +427,6 @@ def finetune(
             if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
                 task_value, pre_value = task_sum.item(), pre_sum.item()
                 result.losses.append(loss_value)
-                result.task_losses.append(task_value)
-                result.pretrain_losses.append(pre_value)
                 if cadence.log_due:
                     extra = {"pretrain_loss": pre_value} if cfg.mix > 0 else {}
                     extra.update({"kl": kl_sum.item()} if cfg.kl > 0 else {})
@@ -458,7 +435,7 @@ def finetune(
             if cadence.last:
                 checkpoint()  # the final evaluation, a full pass, follows the loop
             elif cadence.eval_due:
-                ev = evaluate(full=False)
+                ev = result.valid = evaluate(full=False)
                 metrics.log(step, "valid", loss=ev.get("task_loss"), pretrain_loss=ev.get("pretrain_loss"))
                 progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 checkpoint()
@@ -466,7 +443,7 @@ def finetune(
                 checkpoint()
     finally:
         progress.close()
-        result.step, result.train_seconds = state.step, state.seconds
+        result.step, result.train_seconds, result.best = state.step, state.seconds, state.best
 
     step = state.step
     if cadence.last:
@@ -476,14 +453,13 @@ def finetune(
         if cfg.lora_rank:
             merge_lora(model)  # the export is a plain GPT
         export(out_dir, model, runtime, step=step, base_run=base_run)
-        result.after = evaluate(full=True)
-        metrics.log(step, "valid", loss=result.after.get("task_loss"), pretrain_loss=result.after.get("pretrain_loss"))
+        after = result.final = evaluate(full=True)
+        metrics.log(step, "valid", loss=after.get("task_loss"), pretrain_loss=after.get("pretrain_loss"))
+        result.summary = {"before": before, "after": after, "steps": step, "train_seconds": result.train_seconds,
+                          "mix": cfg.mix, "kl": cfg.kl, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train}
         if runtime.is_main:
-            write_json(out_dir / RESULTS_FILE, {
-                "before": before, "after": result.after, "steps": step, "train_seconds": result.train_seconds,
-                "mix": cfg.mix, "kl": cfg.kl, "lora_rank": cfg.lora_rank, "trainable_parameters": n_train,
-            })
-        progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in result.after.items())
+            write_json(out_dir / RESULTS_FILE, result.summary)
+        progress.write("after: " + ", ".join(f"{k} {v:.4f}" for k, v in after.items())
                        + f" ({result.train_seconds:.0f} s)")
     metrics.close()
     if plot and runtime.is_main:

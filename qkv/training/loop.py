@@ -20,7 +20,11 @@ these, so they agree by construction:
   budget, or the time budget).
 - :func:`save_state` / :func:`resume_state`: the ``last`` checkpoint (weights, optimizer, RNGs, the
   :class:`LoopState` and each data stream's position), so a resumed run continues exactly.
+- :func:`accumulate` and :func:`rank_share`: a step's forward and backward over its micro-batches, DDP's
+  gradient sync after the last only, and the weight of a rank's loss that makes DDP's mean of the ranks'
+  gradients the whole step's gradient.
 - :func:`export`: the weights a run is used with (``model.safetensors``), refused if not finite.
+- :class:`TrainResult`: what every trainer returns.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -297,6 +301,51 @@ def update(cfg: LoopConfig, state: LoopState, runtime: Runtime, optimizer: torch
 
 # ----------------------------------------------------------------------------------------------
 # Cadence
+
+
+def rank_share(own: float, whole: float, ranks: Ranks) -> float:
+    """The weight of this rank's mean loss over its ``own`` units of a step (target or response tokens, windows)
+    out of the step's ``whole``: ``own / whole`` times the ranks, since DDP averages the ranks' gradients. Each
+    rank's weighted loss then has for gradient its part of the whole step's, and the update is the one that one
+    process makes on the whole step, however the units fall to the ranks and the micro-batches."""
+    return own / max(whole, 1.0) * ranks.world_size
+
+
+def accumulate(module: nn.Module, runtime: Runtime, micro_batches: int, loss_of: Callable[[int], torch.Tensor]) -> None:
+    """Forward and backward over a step's ``micro_batches``: ``loss_of(i)`` runs the i-th forward and returns its
+    loss, weighted (:func:`rank_share`); DDP (``module``) syncs the gradients after the last one only
+    (``no_sync`` before it, forward included, as DDP requires)."""
+    for i in range(micro_batches):
+        with distributed.synced(module, last=i == micro_batches - 1):
+            runtime.backward(loss_of(i))
+
+
+@dataclass
+class TrainResult:
+    """What a trainer did: :func:`~qkv.training.train_mt.train`, :func:`~qkv.training.train_lm.train_lm` and
+    :func:`~qkv.training.finetune.finetune` each return one.
+
+    Attributes:
+        run_dir: The run directory.
+        step: The last step completed.
+        train_seconds: Training time of the run so far, its optimizer steps (a resumed run's add up).
+        losses: The training loss of every step this call ran, in order (skipped batches have none).
+        valid: The last evaluation during training, named as in ``metrics.jsonl`` (empty if none ran).
+        best: The best validation score of the run, lower is better (a BLEU is stored negated).
+        final: The evaluation at the end, of the weights the run exports (empty if it stopped early): a GPT's
+            full pass over its validation split, a translator's test scores, a fine-tuning's task and
+            pretraining losses.
+        summary: What the job reports: ``results.json`` where it writes one, and what its command prints.
+    """
+
+    run_dir: Path
+    step: int = 0
+    train_seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    valid: dict[str, float] = field(default_factory=dict)
+    best: float = math.inf
+    final: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

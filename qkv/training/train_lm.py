@@ -19,42 +19,32 @@ RUN`` is different: only the weights of another run, with a fresh optimizer and 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 import torch
 import torch.nn.functional as F
 
-from qkv.config import ConfigError, load_recipe, save_json
+from qkv.config import ConfigError, save_json
 from qkv.data.corpora import get_corpus, read_parallel, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, tokenize_to_file
-from qkv.evaluation.perplexity import estimate_loss, evaluate_tokens
+from qkv.evaluation.validation import estimate_loss, evaluate_tokens
 from qkv.io import DataError, autocast, read_text_file, to_device
 from qkv.models.gpt import GPT
 from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run, one_writer
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
-from qkv.training.distributed import synced
 from qkv.training.lm_run import LMDataConfig, LMRecipe, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopState, check_same_run, compiled, export, fixed_settings, resume_state, save_state, start, update,
+    Cadence, LoopState, TrainResult, accumulate, check_same_run, compiled, export, fixed_settings, rank_share,
+    resume_state, save_state, start, update,
 )
 from qkv.training.optim import build_adamw
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import cosine_lr, set_lr
 from qkv.weights import load_weights, save_weights
-
-# ----------------------------------------------------------------------------------------------
-# Recipes: YAML sections merged onto the defaults, so a file states only what it changes.
-
-
-def load_lm_recipe(name: str | Path, overrides: Sequence[str] = ()) -> LMRecipe:
-    """A shipped recipe (``baby``, ``shakespeare_char``...; ``qkv/recipes/lm/``) or a YAML file, with
-    ``section.key=value`` overrides; errors name the file and key."""
-    return load_recipe(LMRecipe, "lm", name, overrides)
-
 
 # ----------------------------------------------------------------------------------------------
 # Text and tokenizer.
@@ -106,29 +96,6 @@ def _tokenizer_id(run_dir: Path) -> str:
 # The loop.
 
 
-@dataclass
-class TrainResult:
-    """What a call to :func:`train_lm` did.
-
-    Attributes:
-        run_dir: The run directory.
-        step: The last step completed.
-        losses: Train loss of every step this call ran (all micro-batches averaged), in order.
-        valid_loss: The last validation estimate (None if none was made).
-        best_valid: The best validation estimate of the run.
-        train_seconds: Training time of the run so far, its optimizer steps (resumed runs add up).
-        final: Full-pass validation ``{"loss", "ppl", "tokens"}`` at the end (None if stopped early).
-    """
-
-    run_dir: Path
-    step: int
-    losses: list[float] = field(default_factory=list)
-    valid_loss: float | None = None
-    best_valid: float = math.inf
-    train_seconds: float = 0.0
-    final: dict[str, Any] | None = None
-
-
 @one_writer("run_dir")
 def train_lm(
     recipe: LMRecipe,
@@ -136,9 +103,9 @@ def train_lm(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    quiet: bool = False,
     init_from: str | Path | None = None,
     stop_at: int | None = None,
-    quiet: bool = False,
     stream: TextIO | None = None,
     plot: bool = True,
 ) -> TrainResult:
@@ -149,14 +116,15 @@ def train_lm(
         run_dir: Where everything is written (see :mod:`qkv.runs`).
         resume: Continue from ``run_dir/last``: weights, optimizer, step, sampler and RNG states.
         overwrite: Replace a run that ``run_dir`` already holds.
+        quiet: No progress output.
         init_from: Start from another run's weights (and tokenizer) with a fresh optimizer.
         stop_at: Stop after this step as if interrupted (the schedule still ends at ``steps``).
-        quiet: No progress output.
         stream: Where progress goes (stderr by default).
         plot: Draw ``curves.png`` at the end (matplotlib takes a few seconds to import).
 
     Returns:
-        A :class:`TrainResult`.
+        A :class:`~qkv.training.loop.TrainResult`: ``valid`` the last estimate (``loss``, ``train_estimate``),
+        ``final`` the full pass over the validation split (``loss``, ``ppl``, ``tokens``).
     """
     run_dir = Path(run_dir)
     tc = recipe.train
@@ -222,7 +190,7 @@ def train_lm(
                        f"context {context}, device {device}{' bf16' if amp else ' fp32'}"
                        + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
                        + (f", resuming at step {state.step}" if resume else ""))
-    result = TrainResult(run_dir, state.step, best_valid=state.best)
+    result = TrainResult(run_dir, state.step, best=state.best)
     tokens_per_step = tc.batch_size * context * tc.accumulate
 
     def evaluate() -> dict[str, float]:
@@ -238,20 +206,23 @@ def train_lm(
             lr = cosine_lr(step, tc.lr, tc.min_lr, tc.warmup, tc.decay_end)
             set_lr(optimizer, lr)
 
-            # Forward and backward over `accumulate` micro-batches; the loss is their mean. Each rank
-            # trains on its block of every batch's windows; all windows weigh the same, so DDP's mean
-            # of the ranks' gradients is the gradient of the whole batch.
+            # Forward and backward over `accumulate` micro-batches. Each rank trains on its block of every
+            # batch's windows, all of which weigh the same: the step's loss is their mean.
+            rows = ranks.rows(tc.batch_size)
+            share = rank_share(rows.stop - rows.start, tc.batch_size * tc.accumulate, ranks)
             loss_sum = torch.zeros((), device=device)
-            for i in range(tc.accumulate):
+
+            def loss_of(i: int) -> torch.Tensor:
+                nonlocal loss_sum
                 x, y = data.get_batch("train", tc.batch_size, context)  # (B, T) each
-                rows = ranks.rows(tc.batch_size)
                 x, y = to_device(x[rows], device), to_device(y[rows], device)  # (B / ranks, T) each
-                with synced(wrapped, last=i == tc.accumulate - 1):
-                    with autocast(device, amp):
-                        logits = forward(x)  # (B / ranks, T, V)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / tc.accumulate
-                    runtime.backward(loss)
+                with autocast(device, amp):
+                    logits = forward(x)  # (B / ranks, T, V)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) * share
                 loss_sum += loss.detach()
+                return loss
+
+            accumulate(wrapped, runtime, tc.accumulate, loss_of)
             loss_sum = ranks.sum(loss_sum) / ranks.world_size  # the whole batch's loss, on every rank
             loss_value = update(tc, state, runtime, optimizer, loss_sum, model.parameters(), metrics)
             cadence.end_step()
@@ -263,7 +234,7 @@ def train_lm(
 
             if cadence.eval_due:
                 losses = evaluate()
-                result.valid_loss = losses["valid"]
+                result.valid = {"loss": losses["valid"], "train_estimate": losses["train"]}
                 metrics.log(step, "valid", loss=losses["valid"], train_estimate=losses["train"])
                 progress.write(f"step {step}: train loss {losses['train']:.4f}, valid loss {losses['valid']:.4f}")
                 if state.improve(losses["valid"]) and runtime.is_main:
@@ -274,7 +245,7 @@ def train_lm(
                 save_state(run_dir, model, optimizer, state, runtime, metrics=metrics, data=data)
     finally:
         progress.close()
-        result.step, result.best_valid, result.train_seconds = state.step, state.best, state.seconds
+        result.step, result.best, result.train_seconds = state.step, state.best, state.seconds
 
     step = state.step
     if cadence.last:
@@ -290,6 +261,10 @@ def train_lm(
         if not quiet:
             progress.write(f"done: {step} steps in {result.train_seconds:.0f} s; valid loss (full pass) "
                            f"{result.final['loss']:.4f}, perplexity {result.final['ppl']:.2f}")
+    result.summary = {"run": str(run_dir), "step": result.step, "train_seconds": round(result.train_seconds, 1),
+                      "valid_loss_estimate": result.valid.get("loss"),
+                      "best_valid_estimate": result.best if math.isfinite(result.best) else None,
+                      "valid_loss_full": result.final.get("loss")}
     metrics.close()
     if not plot or not runtime.is_main:
         return result

@@ -20,23 +20,23 @@ Everything a run produces is in its directory (:mod:`qkv.runs`): ``config.json``
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from qkv.config import (
-    ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, apply_overrides, load_json, load_recipe, save_json,
+    ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, load_json, save_json,
 )
-from qkv.data.batching import BatchStream, eval_batches
+from qkv.data.batching import BatchStream
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
+from qkv.evaluation.validation import translation_loss
 from qkv.generation.api import Translator
 from qkv.io import autocast, evaluating, model_device, write_json, write_text
 from qkv.parallel import SINGLE, Ranks
@@ -47,13 +47,12 @@ from qkv.runs import (
 )
 from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
-from qkv.training.distributed import synced
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, check_adam, check_same_run, compiled, export, fixed_settings, resume_state,
-    save_state, start, update,
+    Cadence, LoopConfig, LoopState, TrainResult, accumulate, check_adam, check_same_run, compiled, export,
+    fixed_settings, rank_share, resume_state, save_state, start, update,
 )
-from qkv.training.losses import label_smoothed_nll
+from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import inverse_sqrt_lr, noam_lr, set_lr
@@ -150,28 +149,6 @@ def learning_rate(cfg: MTRecipe, step: int) -> float:
     return noam_lr(step, cfg.model.d_model, tc.warmup, tc.lr_factor)
 
 
-def validation_loss(model, examples, max_tokens: int, tok, smoothing: float, device: torch.device,
-                    ranks: Ranks = SINGLE, amp: torch.dtype | None = None) -> dict[str, float]:
-    """Label-smoothed loss and plain NLL per target token over every validation pair (teacher forcing);
-    with ``ranks``, each rank scores every ``world_size``-th batch and the sums are added."""
-    loss_sum = nll_sum = 0.0
-    n = 0
-    batches = eval_batches(examples, max_tokens, tok.pad_id, tok.bos_id, tok.eos_id)
-    with evaluating(model):
-        for batch in itertools.islice(batches, ranks.rank, None, ranks.world_size):  # this rank's share
-            batch = batch.to(device)
-            keep = batch.tgt_out != tok.pad_id  # (B, T): only real target positions are scored
-            with autocast(device, amp):
-                logits = model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
-            out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], smoothing, ignore_index=tok.pad_id)
-            k = int(out.n_tokens)
-            loss_sum += float(out.loss) * k
-            nll_sum += float(out.nll) * k
-            n += k
-    loss_sum, nll_sum, n = ranks.add(loss_sum, nll_sum, n, device=device)
-    return {"loss": loss_sum / max(n, 1), "nll": nll_sum / max(n, 1), "ppl": math.exp(min(nll_sum / max(n, 1), 50.0))}
-
-
 def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, alpha: float = ALPHA,
                         max_tokens: int = MAX_TOKENS, ranks: Ranks = SINGLE,
                         amp: torch.dtype | None = None) -> tuple[dict[str, Any], list[str]]:
@@ -188,19 +165,25 @@ def translate_and_score(model, tok, src: list[str], ref: list[str], beam: int, a
 
 
 @one_writer("run_dir")
-def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: bool = False,
-          desc: str = "train", quiet: bool = False) -> dict[str, Any]:
-    """Train (or resume) a translation model in ``run_dir``; return a summary (steps, scores, paths).
+def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+          quiet: bool = False, desc: str = "train") -> TrainResult:
+    """Train (or resume) a translation model as ``recipe`` says, in ``run_dir``.
 
     Args:
-        cfg: the resolved configuration (on resume: the run's own, possibly with overrides).
+        recipe: the resolved configuration (on resume: the run's own, possibly with overrides).
         run_dir: where everything is written.
         resume: continue from ``run_dir/last.*`` exactly where it stopped.
         overwrite: replace an existing run in ``run_dir``.
-        desc: label of the progress bar.
         quiet: no progress output (tests).
+        desc: label of the progress bar.
+
+    Returns:
+        A :class:`~qkv.training.loop.TrainResult`: ``valid`` the last validation (``loss``, ``nll``, ``ppl``,
+        and ``bleu``, ``chrf`` on a sample), ``final`` the test scores of the weights chosen, ``summary``
+        results.json (steps, why it stopped, the weights chosen, the test).
     """
     run_dir = Path(run_dir)
+    cfg = recipe
     tc = cfg.train
     runtime = start(tc)
     device, amp, ranks = runtime.device, runtime.amp, runtime.ranks
@@ -268,10 +251,11 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                         seconds_left=None if tc.max_minutes is None else tc.max_minutes * 60 - state.seconds)
     model.train()
     stop_reason = None
+    result = TrainResult(run_dir, state.step, best=state.best)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
     def evaluate(step: int) -> dict[str, Any]:
-        values = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)
+        values = translation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)
         if sample:
             scores, _ = translate_and_score(model, tok, [valid_src[i] for i in sample], [valid_tgt[i] for i in sample],
                                             tc.eval_beam, tc.test_alpha, d.max_tokens, ranks, amp)
@@ -285,14 +269,15 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         lr = learning_rate(cfg, step)
         set_lr(optimizer, lr)
         # Gradient accumulation: the update is the mean over all target tokens of the `accumulate`
-        # batches, so each batch's mean loss is weighted by its share of the tokens. With several
-        # ranks each trains on its block of every batch's sentences, holding its own number of target
-        # tokens: its share is weighted by the tokens of the whole step, times the number of ranks
-        # because DDP averages the ranks' gradients.
+        # batches. With several ranks each trains on its block of every batch's sentences, holding its own
+        # number of target tokens: its mean loss weighs its share of the step's tokens (rank_share).
         batches = [next(stream) for _ in range(tc.accumulate)]
         total_tokens = sum(b.tgt_tokens for b in batches)  # of the whole step, on every rank
         step_loss = torch.zeros(2, device=device)  # loss, nll: this rank's part of the step's mean
-        for i, whole in enumerate(batches):
+
+        def loss_of(i: int) -> torch.Tensor:
+            nonlocal step_loss
+            whole = batches[i]
             rows = ranks.rows(whole.size)
             # A batch may hold fewer pairs than there are ranks (the last cut of an epoch's length
             # order often does). A rank left without a pair still runs forward and backward, as DDP
@@ -303,19 +288,20 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
             # All target positions at once (teacher forcing); the vocabulary projection only for the
             # real ones, not the padding.
             keep = batch.tgt_out != tok.pad_id  # (b, T)
-            with synced(wrapped, last=i == len(batches) - 1):
-                with autocast(device, amp):
-                    logits = forward(batch.src, batch.tgt_in, keep=keep)  # (N, V)
-                out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing,
-                                         ignore_index=tok.pad_id)
-                weight = batch.tgt_tokens / total_tokens if own else 0.0
-                runtime.backward(out.loss * (weight * ranks.world_size))
-            step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * weight
+            with autocast(device, amp):
+                logits = forward(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+            out = label_smoothed_nll(logits.float(), batch.tgt_out[keep], tc.label_smoothing, ignore_index=tok.pad_id)
+            share = rank_share(batch.tgt_tokens if own else 0, total_tokens, ranks)
+            step_loss += torch.stack([out.loss.detach(), out.nll.detach()]) * (share / ranks.world_size)
+            return out.loss * share
+
+        accumulate(wrapped, runtime, len(batches), loss_of)
         step_loss, step_nll = ranks.sum(step_loss)  # the step's mean over all its target tokens
         loss_value = update(tc, state, runtime, optimizer, step_loss, model.parameters(), metrics)
         cadence.end_step()
 
         if loss_value is not None:  # None: the batch was skipped (train.on_nonfinite: skip)
+            result.losses.append(loss_value)
             n_tok = sum(b.src_tokens + b.tgt_tokens for b in batches)
             window["loss"] += loss_value
             window["nll"] += float(step_nll)
@@ -332,7 +318,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
             window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "steps": 0, "padding": 0.0, "t0": time.perf_counter()}
 
         if cadence.eval_due:
-            values = evaluate(step)
+            values = result.valid = evaluate(step)
             improved = state.improve(values["nll"] if tc.best_metric == "loss" else -values["bleu"])
             if runtime.is_main:
                 if improved:
@@ -348,7 +334,8 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
                 stop_reason = "early_stop"
                 break
     progress.close()
-    step, train_seconds = state.step, state.seconds
+    step, train_seconds = result.step, result.train_seconds = state.step, state.seconds
+    result.best = state.best
     stop_reason = stop_reason or cadence.stop_reason
     ranks.barrier()  # the main rank's step and best weights are complete before any rank reads them
 
@@ -368,7 +355,7 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         if name == "average" and runtime.is_main:  # kept: `--weights average` scores it beside the others
             save_weights(run_dir / "average.safetensors", model,
                          metadata={"step": str(step), "averaged": str(len(steps_saved))})
-        nll = validation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)["nll"]
+        nll = translation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
         if nll < chosen_nll - 1e-9:
             chosen, chosen_nll = name, nll
@@ -391,33 +378,20 @@ def train(cfg: MTRecipe, run_dir: str | Path, resume: bool = False, overwrite: b
         if ranks.is_main:
             write_text(run_dir / f"{d.test}.hyp", "\n".join(hyps) + "\n")
         metrics.log(step, "test", bleu=scores["bleu"], chrf=scores["chrf"], exact=scores["exact"], beam=tc.test_beam)
-        summary["test"] = {**scores, "split": d.test, "beam": tc.test_beam,
-                           "seconds": round(time.perf_counter() - t0, 1)}
+        summary["test"] = result.final = {**scores, "split": d.test, "beam": tc.test_beam,
+                                          "seconds": round(time.perf_counter() - t0, 1)}
         log(f"test ({d.test}, beam {tc.test_beam}): BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}")
     metrics.close()
+    result.summary = summary
     if not ranks.is_main:
-        return summary
+        return result
     write_json(run_dir / RESULTS_FILE, summary)
     try:
         plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
     except ValueError as e:
         log(f"no curves: {e}")
-    return summary
+    return result
 
 
-def load_train_config(recipe: str | Path | None, overrides: Sequence[str] = (), run_dir: str | Path | None = None,
-                      resume: bool = False) -> MTRecipe:
-    """The recipe of a run: a shipped recipe's name or a YAML file (a fresh run), or the run's own
-    ``config.json`` (resume); then ``section.key=value`` overrides."""
-    if resume:
-        if run_dir is None:
-            raise ValueError("--resume needs --run DIR")
-        cfg = load_json(Path(run_dir) / CONFIG_FILE, MTRecipe)
-        return apply_overrides(cfg, list(overrides)) if overrides else cfg
-    if recipe is None:
-        return apply_overrides(MTRecipe(), list(overrides)) if overrides else MTRecipe()
-    return load_recipe(MTRecipe, "mt", recipe, list(overrides))
-
-
-__all__ = ["MTRecipe", "MTTrainConfig", "train", "load_train_config", "learning_rate", "validation_loss",
+__all__ = ["MTRecipe", "MTTrainConfig", "train", "learning_rate",
            "translate_and_score"]

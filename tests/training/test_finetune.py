@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
-from qkv.training.finetune import FinetuneConfig, finetune, finetune_loss, pretraining_data
+from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, finetune_loss, pretraining_data
 from qkv.runs import Run, load_model
-from qkv.training.losses import masked_nll
+from qkv.evaluation.losses import masked_nll
 from qkv.config import ConfigError, from_dict
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.train_lm import train_lm
@@ -21,6 +21,17 @@ TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n
 
 def _pairs():
     return [Pair(f"Chinese: {zh}\nEnglish:", f" {en}", f"test:{i}") for i, (zh, en) in enumerate(PAIRS)]
+
+
+def _jsonl(path, pairs) -> str:
+    """``pairs`` written as a fine-tuning file; its path, which a recipe names."""
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "response": p.response}, ensure_ascii=False) + "\n"
+                            for p in pairs), encoding="utf-8")
+    return str(path)
+
+
+def _recipe(base_run, train: str, valid: str = "", **settings) -> FinetuneRecipe:
+    return FinetuneRecipe(FinetuneData(str(base_run), train, valid), _cfg(**settings))
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +122,10 @@ def test_the_kl_cure_is_zero_at_the_base_and_pulls_back_to_it(base_run):
 
 
 def test_kl_finetuning_logs_the_divergence_and_stays_closer_to_the_base(base_run, tmp_path):
-    pairs = _pairs() * 4
-    plain = finetune(base_run, tmp_path / "plain", pairs, cfg=_cfg(), quiet=True, plot=False)
-    held = finetune(base_run, tmp_path / "kl", pairs, cfg=_cfg(kl=5.0), quiet=True, plot=False)
-    assert held.after["pretrain_loss"] < plain.after["pretrain_loss"]
+    pairs = _jsonl(tmp_path / "pairs.jsonl", _pairs() * 4)
+    plain = finetune(_recipe(base_run, pairs), tmp_path / "plain", quiet=True, plot=False)
+    held = finetune(_recipe(base_run, pairs, kl=5.0), tmp_path / "kl", quiet=True, plot=False)
+    assert held.final["pretrain_loss"] < plain.final["pretrain_loss"]
     lines = [json.loads(line) for line in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in lines if r["split"] == "train"]
     assert train and all(r["kl"] >= 0 for r in train)
@@ -128,49 +139,55 @@ def _cfg(**kw):
 
 
 def test_finetune_learns_the_task_and_resumes_exactly(base_run, tmp_path):
-    cfg = _cfg(mix=0.5)
-    straight = finetune(base_run, tmp_path / "a", _pairs(), _pairs(), cfg, quiet=True, plot=False)
-    assert straight.after["task_loss"] < straight.before["task_loss"] - 0.3
+    pairs = _jsonl(tmp_path / "pairs.jsonl", _pairs())
+    recipe = _recipe(base_run, pairs, pairs, mix=0.5)
+    straight = finetune(recipe, tmp_path / "a", quiet=True, plot=False)
+    assert straight.final["task_loss"] < straight.summary["before"]["task_loss"] - 0.3
     results = json.loads((tmp_path / "a" / "results.json").read_text())
-    assert set(results["before"]) == set(results["after"]) == {"task_loss", "pretrain_loss"}
-    first = finetune(base_run, tmp_path / "b", _pairs(), _pairs(), cfg, stop_at=3, quiet=True, plot=False)
+    assert results == straight.summary and set(results["before"]) == set(results["after"]) == {"task_loss", "pretrain_loss"}
+    first = finetune(recipe, tmp_path / "b", stop_at=3, quiet=True, plot=False)
     torch.manual_seed(777)
-    rest = finetune(base_run, tmp_path / "b", _pairs(), _pairs(), cfg, resume=True, quiet=True, plot=False)
+    rest = finetune(recipe, tmp_path / "b", resume=True, quiet=True, plot=False)
     assert first.losses + rest.losses == straight.losses
-    assert first.pretrain_losses[0] > 0  # the pretraining batches were really used
-    assert rest.after == straight.after
+    train = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in train if r["split"] == "train"][0]["pretrain_loss"] > 0  # the pretraining batches were used
+    assert rest.final == straight.final
 
 
 def test_resume_refuses_other_data_or_adapters_and_leaves_the_record(base_run, tmp_path):
-    (tmp_path / "a.jsonl").write_text("", encoding="utf-8")  # a file stands for the data: compared by its path
-    run, spec = tmp_path / "ft", str(tmp_path / "a.jsonl")
-    finetune(base_run, run, _pairs(), None, _cfg(), stop_at=2, quiet=True, plot=False, data_spec=spec)
+    # A file stands for the data: compared by its path, and by its examples' fingerprint.
+    run, spec = tmp_path / "ft", _jsonl(tmp_path / "a.jsonl", _pairs())
+    other = _jsonl(tmp_path / "other.jsonl", _pairs())
+    finetune(_recipe(base_run, spec), run, stop_at=2, quiet=True, plot=False)
     record = (run / "finetune.json").read_text()
-    for cfg, data, changed in ((_cfg(), "other.jsonl", "--data"), (_cfg(lora_rank=2), spec, "train.lora_rank")):
+    for recipe, changed in ((_recipe(base_run, other), "--data"), (_recipe(base_run, spec, lora_rank=2), "train.lora_rank")):
         with pytest.raises(ConfigError, match=f"{changed}=.*the run's.*another run"):
-            finetune(base_run, run, _pairs(), None, cfg, resume=True, quiet=True, plot=False, data_spec=data)
+            finetune(recipe, run, resume=True, quiet=True, plot=False)
         assert (run / "finetune.json").read_text() == record
     # The same file, edited in place: its path is the run's, its examples are not.
     edited = [replace(p, response=p.response + "!") if i == 0 else p for i, p in enumerate(_pairs())]
+    _jsonl(tmp_path / "a.jsonl", edited)
     with pytest.raises(ConfigError, match=r"--data's examples \(sha256\)='[0-9a-f]{16}' \(the run's: '[0-9a-f]{16}'\)"):
-        finetune(base_run, run, edited, None, _cfg(), resume=True, quiet=True, plot=False, data_spec=spec)
+        finetune(_recipe(base_run, spec), run, resume=True, quiet=True, plot=False)
     assert (run / "finetune.json").read_text() == record
-    rest = finetune(base_run, run, _pairs(), None, _cfg(steps=10), resume=True, quiet=True, plot=False,
-                    data_spec=str(tmp_path / "." / "a.jsonl"))  # the same file, written another way; more steps
+    _jsonl(tmp_path / "a.jsonl", _pairs())
+    rest = finetune(_recipe(base_run, str(tmp_path / "." / "a.jsonl"), steps=10), run, resume=True, quiet=True,
+                    plot=False)  # the same file, written another way; more steps
     assert rest.step == 10
     # A record written before runs kept the fingerprint: its examples are not checked.
     old = json.loads((run / "finetune.json").read_text())
     del old["data_sha256"]
     (run / "finetune.json").write_text(json.dumps(old), encoding="utf-8")
-    assert finetune(base_run, run, edited, None, _cfg(steps=12), resume=True, quiet=True, plot=False,
-                    data_spec=spec).step == 12
+    _jsonl(tmp_path / "a.jsonl", edited)
+    assert finetune(_recipe(base_run, spec, steps=12), run, resume=True, quiet=True, plot=False).step == 12
 
 
 def test_lora_finetune_trains_a_low_rank_update_and_exports_a_plain_gpt(base_run, tmp_path):
     from qkv.generation.completer import Completer
 
-    result = finetune(base_run, tmp_path / "lora", _pairs(), _pairs(), _cfg(lora_rank=2), quiet=True, plot=False)
-    assert result.after["task_loss"] < result.before["task_loss"]
+    pairs = _jsonl(tmp_path / "pairs.jsonl", _pairs())
+    result = finetune(_recipe(base_run, pairs, pairs, lora_rank=2), tmp_path / "lora", quiet=True, plot=False)
+    assert result.final["task_loss"] < result.summary["before"]["task_loss"]
     base, tuned = load_model(base_run)[0], load_model(tmp_path / "lora")[0]  # loads into a plain GPT
     b, t = base.state_dict(), tuned.state_dict()
     w = "layers.0.feed_forward.w_1.weight"

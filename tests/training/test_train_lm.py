@@ -10,11 +10,12 @@ import qkv.cli
 
 from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
 from qkv.data.lm import load_splits, split_documents
-from qkv.evaluation.perplexity import evaluate_tokens
+from qkv.evaluation.validation import evaluate_tokens
 from qkv.io import DataError
 from qkv.runs import Run, RunError, load_model
 from qkv.training.lm_run import LMRecipe, load_run_recipe
-from qkv.training.train_lm import load_lm_recipe, train_lm
+from qkv.training import recipes
+from qkv.training.train_lm import train_lm
 
 
 
@@ -201,22 +202,22 @@ def test_recipe_errors_name_the_key(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("model:\n  d_model: 32\n  n_heads: 4\ntrain:\n  step: 10\n")
     with pytest.raises(ConfigError, match="did you mean 'steps'"):
-        load_lm_recipe(path)
+        recipes.load("lm", path)
     path.write_text("model:\n  max_len: 32\ntrain:\n  context: 64\n")
     with pytest.raises(ConfigError, match="exceeds model.max_len"):
-        load_lm_recipe(path)
+        recipes.load("lm", path)
     path.write_text("model:\n  max_len: 32\n")
-    assert load_lm_recipe(path, ["train.context=16"]).context == 16
+    assert recipes.load("lm", path, ["train.context=16"]).context == 16
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA only"):
             train_lm(tiny(tmp_path, dtype="bf16"), tmp_path / "bf16", quiet=True, plot=False)
 
 
 def test_shipped_recipes_load_by_name():
-    baby = load_lm_recipe("baby")
+    baby = recipes.load("lm", "baby")
     assert (baby.model.n_layers, baby.model.n_heads, baby.model.d_model, baby.context) == (4, 4, 128, 64)
     assert (baby.train.batch_size, baby.train.lr, baby.model.dropout, baby.train.steps) == (12, 1e-3, 0.0, 2000)
-    assert load_lm_recipe("shakespeare_char").model.n_layers == 6
+    assert recipes.load("lm", "shakespeare_char").model.n_layers == 6
     for name in recipe_names("lm"):
         assert f"qkv train lm --recipe {name}" in recipe_file("lm", name).read_text(encoding="utf-8")
-        assert load_lm_recipe(name).train.steps > 0  # every shipped recipe reads, with its checks
+        assert recipes.load("lm", name).train.steps > 0  # every shipped recipe reads, with its checks

@@ -13,7 +13,8 @@ from qkv.generation.api import Translator
 from qkv.weights import load_weights
 from qkv.training.logging import read_metrics
 from qkv.training.schedules import noam_lr
-from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, load_train_config, train, translate_and_score
+from qkv.training import recipes
+from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, train, translate_and_score
 
 TINY = MTRecipe(
     model=ModelConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.1, max_len=64),
@@ -33,7 +34,7 @@ def tweak(cfg: MTRecipe, **train) -> MTRecipe:
 def straight(tmp_path_factory):
     """A run of 6 steps in one go."""
     run = tmp_path_factory.mktemp("straight")
-    summary = train(TINY, run, quiet=True)
+    summary = train(TINY, run, quiet=True).summary
     return run, summary
 
 
@@ -47,7 +48,7 @@ def test_run_directory_holds_everything(straight):
                  "best.safetensors", "average.safetensors", "metrics.jsonl", "curves.png", "results.json", "test.hyp"):
         assert (run / name).is_file(), name
     assert len(list(run.glob("step_*.safetensors"))) == 2  # keep_checkpoints
-    cfg = load_train_config(None, run_dir=run, resume=True)
+    cfg = recipes.load("mt", None, run_dir=run, resume=True)
     assert cfg.model.vocab_size == json.loads((run / "tokenizer.json").read_text())["model"]["vocab"].__len__()
     assert summary["steps"] == 6 and summary["stop"] == "max_steps"
     assert summary["final"] in ("last", "best", "average")
@@ -69,8 +70,8 @@ def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
     run, _ = straight
     cut = tmp_path / "cut"
     train(tweak(TINY, steps=3), cut, quiet=True)  # "interrupted" after step 3
-    cfg = load_train_config(None, ["train.steps=6"], cut, resume=True)
-    summary = train(cfg, cut, resume=True, quiet=True)
+    cfg = recipes.load("mt", None, ["train.steps=6"], cut, resume=True)
+    summary = train(cfg, cut, resume=True, quiet=True).summary
     assert summary["steps"] == 6
     assert _train_losses(cut) == _train_losses(run)  # bit for bit, steps 1-6
     a = Translator.from_run(run, weights=run / "last.safetensors")
@@ -85,10 +86,10 @@ def test_resume_refuses_a_new_model_or_data_and_leaves_the_run_resumable(tmp_pat
     config = (run / "config.json").read_text()
     for change in ("model.d_model=16", "data.max_tokens=64"):
         with pytest.raises(ConfigError, match=re.escape(change.split("=")[0]) + r".*the run's.*another run"):
-            train(load_train_config(None, ["train.steps=4", change], run, resume=True), run, resume=True, quiet=True)
+            train(recipes.load("mt", None, ["train.steps=4", change], run, resume=True), run, resume=True, quiet=True)
         assert (run / "config.json").read_text() == config  # not a config that no longer fits the checkpoint
-    more = load_train_config(None, ["train.steps=4", "data.test=valid"], run, resume=True)  # the end's split may change
-    assert train(more, run, resume=True, quiet=True)["steps"] == 4
+    more = recipes.load("mt", None, ["train.steps=4", "data.test=valid"], run, resume=True)  # the end's split may change
+    assert train(more, run, resume=True, quiet=True).step == 4
 
 
 def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(straight, tmp_path, monkeypatch,
@@ -100,7 +101,7 @@ def test_a_crash_after_a_checkpoint_resumes_to_the_same_metrics_line_for_line(st
     with pytest.raises(KeyboardInterrupt):
         train(TINY, tmp_path / "cut", quiet=True)
     monkeypatch.undo()
-    train(load_train_config(None, [], tmp_path / "cut", resume=True), tmp_path / "cut", resume=True, quiet=True)
+    train(recipes.load("mt", None, [], tmp_path / "cut", resume=True), tmp_path / "cut", resume=True, quiet=True)
 
     def events(r):
         clock = ("time", "elapsed", "tokens_per_s", "train_seconds", "seconds")
@@ -147,13 +148,13 @@ def test_resume_without_checkpoint_names_the_file(tmp_path):
 def test_early_stop_when_validation_stops_improving(tmp_path):
     # A zero learning rate: the validation loss never improves after the first evaluation.
     cfg = tweak(TINY, peak_lr=0.0, steps=30, eval_every=2, patience=2, eval_bleu_sentences=0, test_beam=1)
-    summary = train(cfg, tmp_path, quiet=True)
+    summary = train(cfg, tmp_path, quiet=True).summary
     assert summary["stop"] == "early_stop" and summary["steps"] == 6
 
 
 def test_time_budget_stops_training(tmp_path):
     cfg = tweak(TINY, max_minutes=1e-6, steps=100, eval_bleu_sentences=0, test_beam=1)
-    summary = train(cfg, tmp_path, quiet=True)
+    summary = train(cfg, tmp_path, quiet=True).summary
     assert summary["stop"] == "max_minutes" and summary["steps"] == 1
     assert (tmp_path / "last.pt").is_file()
 
@@ -196,19 +197,19 @@ def test_shipped_recipes_load_by_name():
     names = recipe_names("mt")
     assert set(names) >= {"demo", "multi30k_de_en", "multi30k_en_de", "cmn_eng_zh_en"}
     for name in names:
-        cfg = load_train_config(name)
+        cfg = recipes.load("mt", name)
         assert cfg.model.arch == "transformer"
         header = recipe_file("mt", name).read_text(encoding="utf-8").split("\nmodel:")[0]
         assert f"qkv train mt --recipe {name}" in header  # the header shows the command
     with pytest.raises(ConfigError, match="did you mean 'multi30k_de_en'"):
-        load_train_config("multi30k_de_em")
+        recipes.load("mt", "multi30k_de_em")
 
 
 def test_a_partial_model_section_keeps_the_recipe_default(tmp_path):
     """A recipe that sets one model key builds the recipe's default model, not the paper's 512 x 6."""
     f = tmp_path / "partial.yaml"
     f.write_text("model:\n  dropout: 0.3\ntrain:\n  steps: 5\n")
-    cfg = load_train_config(f)
+    cfg = recipes.load("mt", f)
     default = MTRecipe().model
     assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.dropout) == (default.d_model, default.n_layers, 0.3)
     assert cfg.train.steps == 5 and cfg.train.warmup == MTTrainConfig().warmup
@@ -218,7 +219,7 @@ def test_old_knob_names_are_refused_with_the_new_name(tmp_path):
     f = tmp_path / "old.yaml"
     f.write_text("train:\n  max_steps: 5\n")
     with pytest.raises(ConfigError, match="'max_steps' is called 'steps'"):
-        load_train_config(f)
+        recipes.load("mt", f)
 
 
 def test_a_run_saved_before_the_recipe_shape_still_loads(straight, tmp_path):
@@ -232,13 +233,13 @@ def test_a_run_saved_before_the_recipe_shape_still_loads(straight, tmp_path):
     for name in ("tokenizer.json", "model.safetensors"):
         (old / name).write_bytes((run / name).read_bytes())
     (old / "config.json").write_text(json.dumps(flat))
-    assert load_train_config(None, run_dir=old, resume=True) == load_train_config(None, run_dir=run, resume=True)
+    assert recipes.load("mt", None, run_dir=old, resume=True) == recipes.load("mt", None, run_dir=run, resume=True)
     assert Translator.from_run(old).translate("小红很忙。", beam=1) == Translator.from_run(run).translate("小红很忙。", beam=1)
 
 
 def test_weights_file_loads_into_the_configured_model(straight):
     run, _ = straight
-    cfg = load_train_config(None, run_dir=run, resume=True)
+    cfg = recipes.load("mt", None, run_dir=run, resume=True)
     from qkv.models.transformer import Transformer
 
     load_weights(run / "model.safetensors", Transformer(cfg.model))
@@ -270,7 +271,7 @@ def test_a_nan_at_a_checkpoint_step_never_reaches_the_disk(tmp_path, monkeypatch
         train(cfg, tmp_path, quiet=True)
     for name in ("last.safetensors", "best.safetensors"):
         assert all(torch.isfinite(t).all() for t in load_file(tmp_path / name).values()), name
-    model = Transformer(load_train_config(None, run_dir=tmp_path, resume=True).model)
+    model = Transformer(recipes.load("mt", None, run_dir=tmp_path, resume=True).model)
     assert load_checkpoint(tmp_path, "last", model)["loop"]["step"] == 2
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qkv.training.checkpoint import load_checkpoint, save_checkpoint
-from qkv.training.losses import label_smoothed_nll
+from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.optim import build_adam, build_adamw
 from qkv.training.schedules import noam_lr, set_lr
 

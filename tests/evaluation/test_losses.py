@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.training.losses import label_smoothed_nll, masked_nll
+from qkv.evaluation.losses import label_smoothed_nll, masked_nll
 
 PAD = 0
 
@@ -91,7 +91,7 @@ def test_masked_nll_is_mean_over_response_tokens_only():
 def test_the_written_gradient_passes_gradcheck():
     # The loss's backward pass is written by hand (p - q): checked against finite differences in
     # float64, with ignored rows, for the plain and the smoothed loss.
-    from qkv.training.losses import _SmoothedCrossEntropy
+    from qkv.evaluation.losses import _SmoothedCrossEntropy
 
     logits, targets = _batch(V=6)
     scores = logits.reshape(-1, 6).double().requires_grad_(True)
