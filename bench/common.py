@@ -83,7 +83,7 @@ def ctranslate2_folder(model, quantization: str | None = None) -> str:
     worker writes one)."""
     import tempfile
 
-    from qkv.models.ctranslate2 import to_ctranslate2
+    from qkv.interop.ctranslate2 import to_ctranslate2
 
     spec = to_ctranslate2(model, NumberedVocabulary(model.cfg.vocab_size))
     spec.optimize(quantization=quantization)
@@ -182,7 +182,7 @@ def write_result(path: str, result: dict) -> None:
     """Add the command, date and machine, write JSON, print the summary to stdout."""
     import torch
 
-    from qkv.io import cpu_identity
+    from qkv.devices import cpu_identity
 
     result = {
         **result,

@@ -180,7 +180,8 @@ def build_packages(cache: str, batches: list[int]) -> dict[str, float]:
 
 def measure(args: argparse.Namespace, result: dict, all_runs: dict) -> None:
     for batch in (int(b) for b in args.batches.split(",")):
-        impls = [i for i in args.impls.split(",") if batch == 1 or not i.endswith("-compile")]  # batch 1 only
+        # torch.compile's step and qkv generate's streamed loop: batch 1 only
+        impls = [i for i in args.impls.split(",") if batch == 1 or not i.endswith(("-compile", "-completer"))]
         runs = run_alternating(__file__, impls, args.repeats, ["--batch", str(batch), "--reps", str(args.reps)])
         summary = {impl: {"tokens_per_s_median": median_of(rs, "tokens_per_s"), "ms_per_step_median": median_of(rs, "ms_per_step")}
                    for impl, rs in runs.items()}

@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from qkv.export import export_hf
+from qkv.interop.export import export_hf
 from qkv.generation.beam import beam_search, greedy_search
 from qkv.runs import load_model
 

@@ -28,9 +28,9 @@ def main() -> None:
     import ctranslate2
     import sacrebleu
 
-    from qkv.export import export_ctranslate2
+    from qkv.interop.export import export_ctranslate2
     from qkv.generation.api import Translator
-    from qkv.io import read_lines
+    from qkv.files import read_lines
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="a translation run (e.g. runs/table3/base_seed1)")

@@ -60,7 +60,7 @@ def main() -> None:
 
     import torch
 
-    from qkv.config import from_dict
+    from qkv.settings import from_dict
     from qkv.data.corpora import read_lines
     from qkv.data.translation import DataConfig, load_split
     from qkv.evaluation.bleu import score

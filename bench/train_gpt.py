@@ -28,7 +28,7 @@ def build(impl: str, bias: bool = False, nanogpt_dir: str = ""):
 
     if impl == "qkv":
         from qkv import GPT, preset
-        from qkv.io import keep_freed_memory
+        from qkv.devices import keep_freed_memory
 
         keep_freed_memory()  # as every qkv trainer's start does
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0, bias=bias))

@@ -56,7 +56,7 @@ def build(impl: str):
     if impl == "qkv":
         from qkv import ModelConfig, Transformer
         from qkv.evaluation.losses import label_smoothed_nll
-        from qkv.io import keep_freed_memory
+        from qkv.devices import keep_freed_memory
 
         keep_freed_memory()  # as every qkv trainer's start does
 

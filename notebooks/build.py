@@ -375,14 +375,13 @@ from pathlib import Path
 
 import torch
 
-from qkv.config import load_recipe
 from qkv.data.sft import load_pairs
 from qkv.data.synthetic import demo_corpus
 from qkv.experiments.forgetting import score
 from qkv.generation.completer import Completer
 from qkv.runs import Run, load_model
+from qkv.training import recipes
 from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune
-from qkv.training.lm_run import LMRecipe
 from qkv.training.train_lm import train_lm
 
 torch.set_num_threads(2)
@@ -411,7 +410,7 @@ task_text.write_text("".join(p.prompt + p.response + "\\n" for split in ("train"
 
 BASE = Path("runs/gpt-base")
 if not Run(BASE).exists:
-    recipe = load_recipe(LMRecipe, "lm", "baby", [
+    recipe = recipes.load("lm", "baby", [
         f"data.path={chinese}", f"data.vocab_extra=['{task_text}']", "model.d_model=128", "model.n_layers=2",
         "model.n_heads=4", "model.d_ff=512", "model.max_len=128", "train.context=128", "train.steps=600",
         "train.decay_steps=600", "train.warmup=20", "train.batch_size=16", "train.eval_every=600", "train.threads=2"])

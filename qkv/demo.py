@@ -25,7 +25,7 @@ from qkv.generation.api import Translator
 from qkv.interpret.model_maps import translation_maps
 from qkv.interpret.plots import plot_attention
 from qkv.runs import one_writer
-from qkv.io import write_json
+from qkv.files import write_json
 from qkv.training import recipes
 from qkv.training.train_mt import train
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 T = TypeVar("T")
 
-from qkv.io import QkvError
+from qkv.errors import QkvError
 
 
 class RankError(QkvError, RuntimeError):

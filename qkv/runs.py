@@ -39,11 +39,14 @@ import torch
 from torch import nn
 
 from qkv import locks
-from qkv.config import ConfigError, ModelConfig, from_dict
+from qkv.config import ModelConfig
+from qkv.errors import ConfigError, DataError, QkvError, did_you_mean
+from qkv.settings import from_dict
 from qkv.data.lm import TOKENS_FILE
-from qkv.io import DataError, QkvError, as_os_error, did_you_mean, left_behind, left_behind_in, read_json, resolve_device
+from qkv.devices import resolve_device
+from qkv.files import as_os_error, left_behind, left_behind_in, read_json
 from qkv.parallel import launched_rank
-from qkv.models import GPT, Transformer
+from qkv.models.kinds import KINDS
 from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
 from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, NonFiniteWeights, load_state_dict_into, read_weights
 
@@ -74,8 +77,6 @@ REPLACED_DIR = ".replaced"
 WRITER_LOCK = ".writer.lock"
 _HELD: set[Path] = set()  # the runs this process holds the writer lock of
 
-MODELS: dict[str, type[nn.Module]] = {"transformer": Transformer, "gpt": GPT}
-_MAKERS = {"transformer": "`qkv train mt` or `qkv demo`", "gpt": "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`"}
 
 
 class RunError(QkvError, ValueError):
@@ -148,9 +149,9 @@ class Run:
     def arch(self) -> str:
         """``transformer`` (encoder-decoder) or ``gpt`` (decoder-only)."""
         arch = self.config["model"].get("arch", "transformer")
-        if arch not in MODELS:
+        if arch not in KINDS:
             raise RunError(f"{self.file(CONFIG_FILE)}: model.arch is {arch!r}, expected one of "
-                           f"{list(MODELS)}{did_you_mean(str(arch), MODELS)}")
+                           f"{list(KINDS)}{did_you_mean(str(arch), KINDS)}")
         return arch
 
     @functools.cached_property
@@ -246,7 +247,7 @@ class Run:
         ``--resume``, an ``--overwrite`` or a fine-tuning into the same folder) is refused, in one line
         that names the holder. The lock is an ``flock`` on ``RUN/.writer.lock`` (:mod:`qkv.locks`), so
         the system lets go of it however the writer ends. Readers never take it. Once it holds the lock,
-        the writer deletes the temporary files a killed writer left (:func:`qkv.io.left_behind_in`).
+        the writer deletes the temporary files a killed writer left (:func:`qkv.files.left_behind_in`).
 
         A job that holds the lock may call another that takes it (``qkv demo`` trains, then writes its
         figures): within one process the lock is taken once and held until the outermost block ends.
@@ -422,7 +423,7 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
     """
     run = Run.of(run)
     device = resolve_device(device)
-    arch = run.arch  # config.json first: a missing directory or config is named as such, before the other files
+    kind = KINDS[run.arch]  # config.json first: a missing directory or config is named as such, before the other files
     missing = [] if run.file(TOKENIZER_FILE).is_file() else [TOKENIZER_FILE]
     try:
         path = run.weights_path(weights)
@@ -433,7 +434,7 @@ def load_model(run: Run | str | Path, weights: str | Path | None = None,
     if missing:
         raise FileNotFoundError(f"{run.path}: missing {' and '.join(missing)}; a run holds {CONFIG_FILE}, "
                                 f"{TOKENIZER_FILE} and its weights")
-    model = MODELS[arch](run.model_config)
+    model = kind.model(run.model_config)
     tokenizer = run.tokenizer()
     tensors, _ = read_weights(path)  # a damaged file is its own error (CheckpointError), not a mismatch
     try:
@@ -457,11 +458,11 @@ def require_arch(run: Run, arch: str, command: str, instead: str | None = None) 
         what = "a translation run" if run.arch == "transformer" else "a GPT run"
         hint = f"; this is {what}: use {instead}" if instead else ""
         raise RunError(f"{run.path} holds a {run.arch!r} model, not {kind}; {command} needs a run of "
-                       f"{_MAKERS[arch]}{hint}")
+                       f"{KINDS[arch].made_by}{hint}")
 
 
 __all__ = [
-    "Run", "RunError", "one_writer", "WRITER_LOCK", "load_model", "require_arch", "MODELS", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
+    "Run", "RunError", "one_writer", "WRITER_LOCK", "load_model", "require_arch", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
     "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
     "PRONOUNS_JSON", "PRONOUNS_PNG",
     "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",

@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 from torch import nn
 
-from qkv.io import QkvError, as_os_error, atomic_path
+from qkv.errors import QkvError
+from qkv.files import as_os_error, atomic_path
 
 WEIGHTS_SUFFIX = ".safetensors"
 

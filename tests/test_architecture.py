@@ -12,16 +12,21 @@ from pathlib import Path
 import pytest
 
 import qkv
+from qkv.config import ARCHS
+from qkv.models.kinds import KINDS
 
 PACKAGE = Path(qkv.__file__).resolve().parent
 
-# What each part may import (besides itself, and besides qkv.io, qkv.config and qkv.parallel, which every
-# part may).
+# What each part may import (besides itself, and besides the floor every part may: qkv.errors, qkv.files,
+# qkv.devices, qkv.settings, qkv.config and qkv.parallel).
 # A part is a top-level module or package of qkv. `training` may use `generation` (BLEU while training)
 # and `evaluation`; nothing below points back up.
 ALLOWED = {
+    "errors": set(),
+    "files": set(),
+    "devices": set(),
+    "settings": set(),
     "config": set(),
-    "io": set(),
     "parallel": set(),
     "locks": set(),
     "modules": set(),
@@ -34,14 +39,16 @@ ALLOWED = {
     "accel": {"models", "modules"},
     "generation": {"runs", "models", "modules", "tokenizers", "accel"},
     "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
-    "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation"},
-    "export": {"runs", "models", "tokenizers"},
+    "interop": {"runs", "models", "modules", "tokenizers"},
+    "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interop"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
     "experiments": {"runs", "data", "evaluation", "generation", "interpret", "training", "locks"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
-            "training", "demo", "experiments", "export", "accel"},
+            "training", "demo", "experiments", "interop", "accel"},
 }
-EVERYONE = {"config", "io", "parallel"}
+EVERYONE = {"errors", "files", "devices", "settings", "config", "parallel"}
+# The floor, bottom up: each of its modules imports only those before it, so that it has no cycle.
+FLOOR = ("errors", "files", "devices", "settings", "config", "parallel")
 
 
 def _part(module: str) -> str:
@@ -119,6 +126,19 @@ def test_the_speed_up_rule_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\n\ndef f():\n    from torch._inductor import config\n    import qkv.accel.kernels\n")
     assert {"torch._inductor", "qkv.accel.kernels"} <= set(_all_imports(bad))
+
+
+@pytest.mark.parametrize("part", FLOOR)
+def test_the_floor_imports_only_what_lies_below(part):
+    path = PACKAGE / f"{part}.py"
+    below = set(FLOOR[:FLOOR.index(part)])
+    for module, _ in _imports(path):
+        assert _part(module) in below, f"{part}.py imports {module}: the floor's modules import only {sorted(below)}"
+
+
+def test_every_model_kind_is_registered_once():
+    """A recipe's model.arch is checked against config.ARCHS; runs, decoding and the builders read models.KINDS."""
+    assert tuple(KINDS) == ARCHS
 
 
 def test_every_part_is_listed():

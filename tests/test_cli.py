@@ -102,7 +102,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_checkpoint_before
     resume from it ends where a run never stopped ends."""
     import errno
 
-    import qkv.io
+    import qkv.files
     from safetensors.torch import load_file
 
     (tmp_path / "text.txt").write_text("To be, or not to be, that is the question.\n" * 20, encoding="utf-8")
@@ -111,7 +111,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_checkpoint_before
                       f"data: {{path: {tmp_path / 'text.txt'}}}\n"
                       "train: {steps: 6, batch_size: 2, warmup: 1, eval_every: 2, eval_iters: 1}\n", encoding="utf-8")
     assert main(["train", "lm", "--recipe", str(recipe), "--run", str(tmp_path / "straight"), "--quiet"]) == 0
-    real = qkv.io._fsync_file
+    real = qkv.files._fsync_file
     saves = []
 
     def full_disk(path):
@@ -121,7 +121,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_checkpoint_before
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path)
 
-    monkeypatch.setattr(qkv.io, "_fsync_file", full_disk)
+    monkeypatch.setattr(qkv.files, "_fsync_file", full_disk)
     run = tmp_path / "run"
     capsys.readouterr()
     assert main(["train", "lm", "--recipe", str(recipe), "--run", str(run), "--quiet"]) == 1

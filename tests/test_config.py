@@ -1,6 +1,8 @@
 import pytest
 
-from qkv.config import ConfigError, ModelConfig, PRESETS, apply_overrides, from_dict, load_yaml, preset
+from qkv.config import ModelConfig, PRESETS, preset
+from qkv.errors import ConfigError
+from qkv.settings import apply_overrides, from_dict, load_yaml
 
 
 def test_unknown_key_gets_did_you_mean():

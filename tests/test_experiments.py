@@ -8,7 +8,7 @@ import sys
 from qkv.cli import main
 from qkv.experiments import table3
 from qkv.experiments.grid import Variant, claim
-from qkv.io import cpu_identity
+from qkv.devices import cpu_identity
 from qkv.training import loop
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64",

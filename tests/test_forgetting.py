@@ -65,7 +65,7 @@ def test_the_table_gives_mean_and_spread_over_seeds_and_the_change_from_the_base
 
 
 def test_the_report_is_written_from_the_results_there_are(tmp_path):
-    from qkv.io import write_json
+    from qkv.files import write_json
 
     grid, results = fake_results()
     assert forgetting.write_report(tmp_path, grid) == []  # no base scored yet: nothing to compare

@@ -3,7 +3,7 @@ Completer, the config parser, ``qkv translate``'s line pipe and the explorer's A
 
 Inputs are arbitrary: any Unicode including lone surrogates (which JSON escapes and ``surrogateescape``
 produce), arbitrary bytes, arbitrary JSON. The properties: nothing raises but the documented error type
-(:class:`qkv.io.QkvError`), ids stay in the vocabulary, as many translations come out as sentences go in,
+(:class:`qkv.errors.QkvError`), ids stay in the vocabulary, as many translations come out as sentences go in,
 and the explorer answers every request with JSON and never a 500. The models are tiny and untrained:
 what is fuzzed is the handling of input, not what a model makes of it.
 """
@@ -22,11 +22,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from qkv.cli import main  # noqa: E402
-from qkv.config import ConfigError, ModelConfig, apply_overrides, from_dict, load_yaml, to_dict  # noqa: E402
+from qkv.config import ModelConfig
+from qkv.errors import ConfigError, QkvError
+from qkv.settings import apply_overrides, from_dict, load_yaml, to_dict
 from qkv import Completer, Translator  # noqa: E402
 from qkv.interpret.explorer.server import make_server  # noqa: E402
 from qkv.interpret.model_maps import make_attention_provider  # noqa: E402
-from qkv.io import QkvError, valid_text  # noqa: E402
+from qkv.files import valid_text
 from qkv.models import GPT, Transformer  # noqa: E402
 from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402

@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv.config import from_dict, preset
+from qkv.config import preset
+from qkv.settings import from_dict
 from qkv.generation import generate
 from qkv.generation.beam import beam_search, greedy_search
 from qkv.models.gpt import GPT
@@ -27,8 +28,7 @@ from qkv.training.lm_run import LMRecipe
 from qkv.training.logging import read_metrics
 from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.train_lm import train_lm
-from qkv.training.train_mt import MTRecipe
-from qkv.training.train_mt import train as train_mt
+from qkv.training.train_mt import MTRecipe, train as train_mt
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

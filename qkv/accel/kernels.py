@@ -48,8 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.io import cpu_identity, user_cache, write_json
-from qkv.models import GPT, Transformer
+from qkv.devices import cpu_identity
+from qkv.files import user_cache, write_json
+from qkv.models.kinds import kind_of
 
 # The packed kernels are the ops torch.compile's CPU backend emits for frozen linear layers: oneDNN's
 # fused linear, and MKL's GEMM on a weight packed by cblas_sgemm_pack. They are private ops of the
@@ -318,13 +319,7 @@ def step_linears(model: nn.Module) -> list[nn.Linear]:
     The encoder runs once per source, and so does cross-attention's [W^K; W^V] (``kv_proj``): a step
     reads the keys and values of its cache.
     """
-    if isinstance(model, Transformer):
-        parts: list[nn.Module] = [*model.decoder_layers, model.generator]
-    elif isinstance(model, GPT):
-        parts = [*model.layers, model.lm_head]
-    else:
-        raise TypeError(f"step_linears: a Transformer or a GPT, got {type(model).__name__}")
-    return [m for part in parts for name, m in part.named_modules()
+    return [m for part in kind_of(model).step_parts(model) for name, m in part.named_modules()
             if type(m) is nn.Linear and not name.endswith("kv_proj")]
 
 
@@ -387,7 +382,7 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
 
     A single row is written as multiply-and-sum, which inductor turns into a vectorized loop over the
     rows of W: 1.3 ms for a GPT step's 24 products at the nanoGPT config, where ``F.linear`` lowers
-    to MKL's matrix-vector product (4.2 ms) and oneDNN's packed weights take 2.7 ms (bench/gemv.py).
+    to MKL's matrix-vector product (4.2 ms) and oneDNN's packed weights take 2.7 ms (bench/probes/gemv.py).
     """
     if x.numel() != x.shape[-1]:
         return F.linear(x, weight, bias)

@@ -23,7 +23,7 @@ from torch import nn
 from qkv.accel.compiled import check_can_compile, cpu_compiler_available
 from qkv.accel.kernels import step_linears
 from qkv.accel.precompiled import can_precompile, find, precompile
-from qkv.io import model_device
+from qkv.devices import model_device
 
 # From how many new tokens of one prompt a generation compiles its decoding step by default (on a CPU with a
 # C++ compiler). Compiling costs ~12 s in a new process even with inductor's disk cache warm (33 s cold) and

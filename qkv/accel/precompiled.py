@@ -19,7 +19,7 @@ frozen into the package too (:data:`PACKAGE_OPTIONS`), 7.0-7.6.
 
 A package holds the model's weights and the kernels built for this CPU and torch: its name is a digest
 of the model (class, configuration, every weight), the torch version and the CPU
-(:func:`~qkv.io.cpu_identity`), and the batch size, so a changed weight or another machine never loads
+(:func:`~qkv.devices.cpu_identity`), and the batch size, so a changed weight or another machine never loads
 a stale one. Building one takes 15-40 s at the nanoGPT config (``qkv generate --precompile``, or
 :func:`precompile`). ``qkv generate`` builds it by itself, in the background, after an eager generation
 that a package would have run (as ``git gc --auto`` packs a repository after a command):
@@ -46,10 +46,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from qkv.config import ConfigError
+from qkv.errors import ConfigError, DataError
 from qkv.accel.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
 from qkv.accel.kernels import end_decoding, start_decoding, step_linears
-from qkv.io import DataError, atomic_path, cpu_identity, user_cache
+from qkv.devices import cpu_identity
+from qkv.files import atomic_path, user_cache
 from qkv.models import GPT
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.

@@ -24,8 +24,8 @@ import warnings
 import torch
 from torch import nn
 
-from qkv.config import ConfigError
-from qkv.io import model_device
+from qkv.errors import ConfigError
+from qkv.devices import model_device
 
 KINDS = ("int8",)
 

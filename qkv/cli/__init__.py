@@ -13,7 +13,7 @@ import os
 import sys
 
 from qkv.cli import data, experiment, explain, explore, export, info, lm, mt, plot
-from qkv.io import MissingDependencyError
+from qkv.errors import MissingDependencyError
 from qkv.parallel import RankError, launched_rank
 from qkv.training import distributed
 from qkv.weights import CheckpointError

@@ -7,9 +7,9 @@ import math
 import sys
 from pathlib import Path
 
-from qkv.config import recipe_names
+from qkv.settings import recipe_names
 from qkv.accel.quantize import KINDS
-from qkv.io import DEVICE_DEFAULT
+from qkv.devices import DEVICE_DEFAULT
 from qkv.runs import WEIGHT_NAMES
 from qkv.training.distributed import add_launcher
 

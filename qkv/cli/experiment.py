@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from qkv.cli.common import positive_int
 from qkv.experiments import forgetting, table3
 from qkv.experiments.grid import SIDE_BY_SIDE, Variant, check_results, read_results, run_grid, time_left
-from qkv.io import DataError, write_text
+from qkv.errors import DataError
+from qkv.files import write_text
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"

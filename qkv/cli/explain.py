@@ -20,10 +20,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--run", "--run-dir", required=True, help="a translation run trained on the demo corpus (qkv demo)")
     p.add_argument("--out", help="output folder (default: the run directory)")
-    p.set_defaults(func=explain_cmd)
+    p.set_defaults(func=cmd_explain)
 
 
-def explain_cmd(args: argparse.Namespace) -> int:
+def cmd_explain(args: argparse.Namespace) -> int:
     results = pronouns.explain(args.run)
     print(pronouns.markdown(results), end="")
     best = results["best"]

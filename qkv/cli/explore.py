@@ -54,7 +54,7 @@ def register(subparsers) -> None:
         "--lang", choices=LANGS, help="the page's language for a reader who has not chosen one "
         "(default: the browser's; the page's button switches and remembers)"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=cmd_explore)
 
 
 def _error(message: str) -> int:
@@ -92,7 +92,7 @@ def _load_views(run_dir: str) -> dict:
     return views
 
 
-def run(args: argparse.Namespace) -> int:
+def cmd_explore(args: argparse.Namespace) -> int:
     """Serve or export the explorer. Returns the process exit code."""
     if args.text is not None and len(args.text) > MAX_TEXT_CHARS:
         return _error(f"--text is {len(args.text)} characters; the limit is {MAX_TEXT_CHARS}")

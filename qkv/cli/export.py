@@ -1,4 +1,4 @@
-"""``qkv export hf|ctranslate2 --run DIR --out FOLDER``: a run as another library's model folder (see ``qkv.export``)."""
+"""``qkv export hf|ctranslate2 --run DIR --out FOLDER``: a run as another library's model folder (see ``qkv.interop.export``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 
 from qkv.cli.common import add_weights, command_group
-from qkv.export import CT2_QUANTIZATIONS, export_ctranslate2, export_hf
+from qkv.interop.export import CT2_QUANTIZATIONS, export_ctranslate2, export_hf
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                       "(needs qkv[hf]). A GPT run becomes a GPT2LMHeadModel, a translation run a "
                                       "MarianMTModel; a model option the architecture cannot express is named.")
     _common(p)
-    p.set_defaults(func=_export_hf)
+    p.set_defaults(func=cmd_export_hf)
 
     p = export.add_parser("ctranslate2", help="a run as a CTranslate2 folder: a Translator or Generator model",
                           description="Write a folder that ctranslate2.Translator (a translation run) or "
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--quantization", choices=CT2_QUANTIZATIONS, default=None,
                    help="store the weights so (default: fp32); CTranslate2 can also quantize when it loads")
-    p.set_defaults(func=_export_ctranslate2)
+    p.set_defaults(func=cmd_export_ctranslate2)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,11 +36,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_weights(p)
 
 
-def _export_hf(args: argparse.Namespace) -> int:
+def cmd_export_hf(args: argparse.Namespace) -> int:
     return _written(export_hf(args.run, args.out, weights=args.weights, overwrite=args.overwrite))
 
 
-def _export_ctranslate2(args: argparse.Namespace) -> int:
+def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
     return _written(export_ctranslate2(args.run, args.out, weights=args.weights, overwrite=args.overwrite,
                                        quantization=args.quantization))
 

@@ -23,11 +23,13 @@ from qkv.cli.common import (
 )
 from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
-from qkv.config import recipe_names, replace
+from dataclasses import replace
+from qkv.settings import recipe_names
 from qkv.data.lm import load_splits
 from qkv.evaluation.validation import evaluate_tokens
 from qkv.generation.completer import Completer
-from qkv.io import keep_freed_memory, read_text_file
+from qkv.devices import keep_freed_memory
+from qkv.files import read_text_file
 from qkv.runs import Run, load_model, require_arch
 from qkv.training import recipes
 from qkv.training.finetune import FinetuneData, finetune
@@ -44,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_training_run(p, "lm")
     p.add_argument("--init-from", metavar="RUN", help="start from another run's weights and tokenizer, fresh optimizer")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a recipe setting")
-    p.set_defaults(func=_train_lm)
+    p.set_defaults(func=cmd_train_lm)
 
     p = subparsers.add_parser("generate", help="continue text with a trained GPT (prompt argument or stdin lines)",
                               description="Continue a prompt, streaming tokens to stdout. Without a prompt, reads "
@@ -81,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "first such generation starts this build in the background, at low priority "
                         "(QKV_BACKGROUND_PRECOMPILE=0: it does not)")
     add_quantize(p)
-    p.set_defaults(func=_generate)
+    p.set_defaults(func=cmd_generate)
 
     p = subparsers.add_parser("finetune", help="supervised fine-tuning of a GPT run, optionally mixed or LoRA",
                               description="Fine-tune the weights of --run (fresh optimizer) on (prompt, response) "
@@ -105,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true")
     add_launcher(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting (train.steps=200, train.lr=1e-4)")
-    p.set_defaults(func=_finetune)
+    p.set_defaults(func=cmd_finetune)
 
     ev = command_group(subparsers, "eval", "evaluate a model (lm: loss and perplexity)")
     p = ev.add_parser("lm", help="loss and perplexity of a GPT run on its validation split or a text file")
@@ -118,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_weights(p)
     add_device(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_eval_lm)
+    p.set_defaults(func=cmd_eval_lm)
 
     conv = command_group(subparsers, "convert", "bring a model from another library into a qkv run")
     p = conv.add_parser("gpt2", help="a Hugging Face GPT-2 and GPT-2's tokenizer as a qkv GPT run",
@@ -129,13 +131,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", type=directory, default=None,
                    help="a folder with GPT-2's merges.txt and vocab.json (default: beside the weights, else tiktoken's)")
     p.add_argument("--run", "--run-dir", required=True, help="the new run directory")
-    p.set_defaults(func=_convert_gpt2)
+    p.set_defaults(func=cmd_convert_gpt2)
 
 
 # ----------------------------------------------------------------------------------------------
 
 
-def _train_lm(args: argparse.Namespace) -> int:
+def cmd_train_lm(args: argparse.Namespace) -> int:
     if args.resume:
         if not args.run:
             raise ValueError("--resume needs --run DIR")
@@ -168,7 +170,7 @@ def _unescape(line: str) -> str:
     return re.sub(r"\\[\\nt]", lambda m: _UNESCAPES[m.group()], line)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
     if "" in args.stop:
         raise ValueError("--stop '' would end every completion before it starts: give the text to stop at")
     completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile,
@@ -228,7 +230,7 @@ def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int)
     print(f"qkv generate: {build_later(completer.model, rows, argv)}", file=sys.stderr)
 
 
-def _finetune(args: argparse.Namespace) -> int:
+def cmd_finetune(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     for option, key in ((args.mix, "mix"), (args.lora, "lora_rank"), (args.kl, "kl"),
                         (args.pretrain_text, "pretrain_text")):
@@ -243,7 +245,7 @@ def _finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _convert_gpt2(args: argparse.Namespace) -> int:
+def cmd_convert_gpt2(args: argparse.Namespace) -> int:
     run = convert_gpt2_run(args.source, args.run, tokenizer=args.tokenizer)
     model, tokenizer = load_model(run, device="cpu")
     print(json.dumps({"run": str(run), "parameters": sum(p.numel() for p in model.parameters()),
@@ -251,7 +253,7 @@ def _convert_gpt2(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_lm(args: argparse.Namespace) -> int:
+def cmd_eval_lm(args: argparse.Namespace) -> int:
     run = Run(args.run)
     require_arch(run, "gpt", "qkv eval lm", instead="qkv eval mt")
     model, tokenizer = load_model(run, args.weights, args.device)

@@ -16,12 +16,13 @@ from typing import BinaryIO, Iterator, TextIO
 
 from qkv.cli.common import add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed
 from qkv.cli.pipe import answer_each
-from qkv.config import ALPHA, BEAM, from_dict, recipe_names
+from qkv.config import ALPHA, BEAM
+from qkv.settings import from_dict, recipe_names
 from qkv.data.translation import DataConfig, load_split
 from qkv.demo import run_demo
 from qkv.evaluation.bleu import score
 from qkv.generation.api import InputError, InputTooLongError, Translator
-from qkv.io import read_lines, write_text
+from qkv.files import read_lines, write_text
 from qkv.runs import CONFIG_FILE, Run, require_arch
 from qkv.training import recipes
 from qkv.training.train_mt import train

@@ -21,14 +21,14 @@ def register(subparsers) -> None:
     p.add_argument("text", help="a source sentence (translation) or a prompt (GPT)")
     p.add_argument("--out", help="output folder (default RUN/attention)")
     p.add_argument("--beam", type=positive_int, default=1, help="beam size for the translation whose maps are drawn")
-    p.set_defaults(func=plot_attention_cmd)
+    p.set_defaults(func=cmd_plot_attention)
     p = sub.add_parser("curves", help="loss (and lr, BLEU) against step, from RUN/metrics.jsonl")
     p.add_argument("--run", "--run-dir", required=True)
     p.add_argument("--out", help="output PNG (default RUN/curves.png)")
-    p.set_defaults(func=plot_curves_cmd)
+    p.set_defaults(func=cmd_plot_curves)
 
 
-def plot_attention_cmd(args: argparse.Namespace) -> int:
+def cmd_plot_attention(args: argparse.Namespace) -> int:
     payload = make_attention_provider(args.run, beam=args.beam)(args.text)
     out_dir = Path(args.out or Path(args.run) / "attention")
     if payload.get("output"):
@@ -40,7 +40,7 @@ def plot_attention_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def plot_curves_cmd(args: argparse.Namespace) -> int:
+def cmd_plot_curves(args: argparse.Namespace) -> int:
     run = Run(args.run)
     if not run.file(METRICS_FILE).is_file():
         raise FileNotFoundError(f"{args.run}: no {METRICS_FILE} (written while `qkv train` runs)")

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from qkv.io import to_device
+from qkv.devices import to_device
 
 Example = tuple[Sequence[int], Sequence[int]]  # (source ids, target ids), neither with <bos>/<eos>
 
@@ -170,18 +170,6 @@ def token_budget_batches(
         perm = torch.randperm(len(batches), generator=gen).tolist()
         batches = [batches[j] for j in perm]
     return batches
-
-
-def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """The batches of one data-parallel rank: every ``world_size``-th, the same number on every rank.
-
-    The remainder is dropped so that all ranks take the same number of steps (a rank with one batch
-    more would wait forever in the gradient all-reduce).
-    """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"shard: rank {rank} is not in [0, {world_size})")
-    usable = len(batches) - len(batches) % world_size
-    return batches[rank:usable:world_size]
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int],

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from qkv.io import DataError, decode_utf8, did_you_mean, read_lines, read_text_file, user_cache
+from qkv.errors import DataError, did_you_mean
+from qkv.files import decode_utf8, read_lines, read_text_file, user_cache
 
 ENV_VAR = "QKV_DATA"
 

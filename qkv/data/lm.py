@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from qkv.config import ConfigError
-from qkv.io import DataError, as_os_error, atomic_paths, read_json
+from qkv.errors import ConfigError, DataError
+from qkv.files import as_os_error, atomic_paths, read_json
 
 TOKENS_FILE = "tokens.bin"
 _META_SUFFIX = ".json"

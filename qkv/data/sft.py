@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 import torch
 
-from qkv.io import DataError, QkvError, write_text
+from qkv.errors import DataError, QkvError
+from qkv.files import write_text
 from qkv.data.corpora import get_corpus, read_parallel
 from qkv.data.synthetic import DEMO, demo_corpus
 

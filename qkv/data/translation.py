@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from qkv.config import ConfigError
+from qkv.errors import ConfigError
 from qkv.data.batching import Example
 from qkv.data.corpora import read_parallel, read_parallel_files
 from qkv.data.synthetic import DEMO, ZH_WORDS, demo_corpus

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from qkv.io import read_lines
+from qkv.files import read_lines
 
 
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:

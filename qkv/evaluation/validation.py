@@ -30,7 +30,7 @@ from qkv.data.batching import eval_batches
 from qkv.data.lm import windows_at
 from qkv.data.sft import SFTExample, collate
 from qkv.evaluation.losses import label_smoothed_nll, masked_nll
-from qkv.io import autocast, evaluating, model_device
+from qkv.devices import autocast, evaluating, model_device
 from qkv.parallel import SINGLE, Ranks
 
 

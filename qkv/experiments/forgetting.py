@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from qkv.config import apply_overrides, load_recipe
+from qkv.settings import apply_overrides, load_recipe
 from qkv.data.sft import encode_pairs, load_pairs
 from qkv.data.synthetic import DEMO
 from qkv.evaluation.bleu import corpus_bleu
 from qkv.evaluation.validation import evaluate_tokens, response_loss
 from qkv.experiments.grid import Variant, machine, read_results, spread
 from qkv.generation.completer import Completer
-from qkv.io import read_json, write_json, write_text
+from qkv.files import read_json, write_json, write_text
 from qkv.runs import MODEL_WEIGHTS_NAME, RESULTS_FILE, Run, load_model
 from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, pretraining_data
 from qkv.training.lm_run import LMRecipe, load_run_recipe

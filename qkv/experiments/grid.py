@@ -22,7 +22,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from qkv import locks
-from qkv.io import QkvError, cpu_identity, read_json, write_json
+from qkv.devices import cpu_identity
+from qkv.errors import QkvError
+from qkv.files import read_json, write_json
 
 SIDE_BY_SIDE = locks.LOCKS  # whether workers can share a grid here (POSIX file locks keep them apart)
 
@@ -41,7 +43,7 @@ class Variant:
 
 
 def machine() -> str:
-    """Where a result was measured: the CPU (:func:`~qkv.io.cpu_identity`), its cores and torch. Wall times
+    """Where a result was measured: the CPU (:func:`~qkv.devices.cpu_identity`), its cores and torch. Wall times
     differ by 3.5x between machines that all report 2 cores, so a time means nothing without the CPU."""
     return f"{cpu_identity()}, {os.cpu_count()} cores, torch {torch.__version__}"
 

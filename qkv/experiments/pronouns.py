@@ -40,7 +40,8 @@ from qkv.evaluation.bleu import corpus_bleu
 from qkv.generation.api import Translator
 from qkv.interpret.ablation import heads_off
 from qkv.interpret.capture import capture_attention
-from qkv.io import evaluating, write_text
+from qkv.devices import evaluating
+from qkv.files import write_text
 from qkv.runs import PRONOUNS_JSON, PRONOUNS_PNG, Run
 
 KINDS = ("encoder_self", "decoder_self", "cross")

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from qkv.experiments.grid import Variant, read_results, spread
 from qkv.interpret.explorer.constants import STATIC_DIR
-from qkv.io import as_os_error, atomic_path, write_text
+from qkv.files import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
 from qkv.training.logging import read_metrics
 from qkv.training import recipes

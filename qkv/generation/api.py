@@ -15,10 +15,11 @@ from typing import Sequence, overload
 
 import torch
 
-from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS, ConfigError
+from qkv.config import ALPHA, BEAM, EXTRA, MAX_TOKENS
+from qkv.errors import ConfigError, QkvError
 from qkv.generation.beam import beam_search, check_alpha, greedy_search
 from qkv.accel.quantize import check_quantize, quantized
-from qkv.io import DEVICE_DEFAULT, QkvError, model_device, resolve_device
+from qkv.devices import DEVICE_DEFAULT, model_device, resolve_device
 from qkv.runs import Run, RunError, load_model, require_arch
 
 class InputError(QkvError, ValueError):

@@ -33,7 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from qkv.config import ALPHA, BEAM, EXTRA, ConfigError
+from qkv.config import ALPHA, BEAM, EXTRA
+from qkv.errors import ConfigError
 from qkv.accel.kernels import end_decoding, start_decoding
 from qkv.modules.masks import padding_mask
 

@@ -21,11 +21,11 @@ import torch
 
 from qkv.accel.policy import StepPolicy
 from qkv.accel.quantize import check_quantize, quantized
-from qkv.config import ConfigError
+from qkv.errors import ConfigError
 from qkv.generation.api import InputError, InputTooLongError
 from qkv.generation.decode import generate
 from qkv.generation.sampling import check_sampling_args
-from qkv.io import DEVICE_DEFAULT, model_device, resolve_device
+from qkv.devices import DEVICE_DEFAULT, model_device, resolve_device
 from qkv.runs import Run, load_model, require_arch
 
 

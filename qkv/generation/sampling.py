@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.config import ConfigError
+from qkv.errors import ConfigError
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:

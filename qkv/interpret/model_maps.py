@@ -22,7 +22,8 @@ from qkv.generation.decode import generate
 from qkv.interpret.ablation import Head, heads_off
 from qkv.interpret.capture import capture_attention
 from qkv.interpret.explorer.payload import MAX_TEXT_CHARS
-from qkv.io import evaluating, model_device, valid_text
+from qkv.devices import evaluating, model_device
+from qkv.files import valid_text
 from qkv.runs import PRONOUNS_JSON, Run, load_model
 
 

@@ -25,7 +25,7 @@ from qkv.interpret.ablation import Head
 from qkv.interpret.explorer.export import render_page
 from qkv.interpret.explorer.language import CATALOG, check_lang
 from qkv.interpret.model_maps import load_run, make_attention_provider, pronoun_head
-from qkv.io import write_text
+from qkv.files import write_text
 from qkv.models import Transformer
 from qkv.runs import Run
 from qkv.tokenizers import Tokenizer

@@ -12,7 +12,7 @@ from typing import Sequence
 from torch import Tensor
 
 from qkv.interpret.fonts import use_in_matplotlib
-from qkv.io import as_os_error, atomic_path
+from qkv.files import as_os_error, atomic_path
 
 
 def _pyplot():

@@ -22,7 +22,7 @@ from qkv.generation.api import Translator
 from qkv.generation.beam import max_new_tokens
 from qkv.interpret.capture import capture_attention
 from qkv.interpret.model_maps import Loaded, checked_text, load_run, token_strings
-from qkv.io import evaluating, model_device
+from qkv.devices import evaluating, model_device
 from qkv.runs import Run
 
 TOP_K = 5  # candidates shown for each position or step

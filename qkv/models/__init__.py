@@ -1,4 +1,4 @@
-"""Models: the encoder-decoder Transformer and the decoder-only GPT; builders and sizes."""
+"""Models: the encoder-decoder Transformer and the decoder-only GPT (their kinds: ``kinds``); sizes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,8 @@ from torch import nn
 
 from qkv.config import ModelConfig
 from qkv.models.gpt import GPT
+from qkv.models.kinds import KINDS, build_model
 from qkv.models.transformer import Transformer
-
-
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model a config describes (``cfg.arch`` picks Transformer or GPT)."""
-    return Transformer(cfg) if cfg.arch == "transformer" else GPT(cfg)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -44,4 +40,4 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
     return {"forward": fwd, "training": 3 * fwd, "seq_len": t}
 
 
-__all__ = ["GPT", "Transformer", "build_model", "count_parameters", "flops_per_token"]
+__all__ = ["GPT", "Transformer", "KINDS", "build_model", "count_parameters", "flops_per_token"]

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-from qkv.io import QkvError
+from qkv.errors import QkvError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)

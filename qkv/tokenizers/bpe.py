@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from qkv.io import as_os_error, atomic_path, valid_text
+from qkv.files import as_os_error, atomic_path, valid_text
 from qkv.tokenizers import (
     BOS, EOS, PAD, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, TokenizerError, as_int_list, check_id,
 )

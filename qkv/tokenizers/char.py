@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from qkv.io import write_text
+from qkv.files import write_text
 from qkv.tokenizers import (
     BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, TOKENIZER_FILE, UNK, UNK_ID, TokenizerError, as_int_list, check_id,
 )

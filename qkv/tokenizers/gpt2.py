@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from unittest import mock
 
-from qkv.io import atomic_paths, require, valid_text
+from qkv.errors import require
+from qkv.files import atomic_paths, valid_text
 from qkv.tokenizers import TOKENIZER_FILE, TokenizerError, as_int_list, check_id
 
 MERGES_FILE = "tokenizer.bpe"

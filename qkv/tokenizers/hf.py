@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qkv.io import require
+from qkv.errors import require
 from qkv.tokenizers import BOS, EOS, PAD, UNK, Tokenizer, TokenizerError
 from qkv.tokenizers.bpe import BPETokenizer
 from qkv.tokenizers.char import CharTokenizer

@@ -4,7 +4,7 @@ optimizers (``optim``), learning-rate schedules (``schedules``), token losses (`
 atomic checkpoints (``checkpoint``; weights files are :mod:`qkv.weights`), metrics and progress (``logging``) and curves (``plots``).
 """
 
-from qkv.io import atomic_path, atomic_paths
+from qkv.files import atomic_path, atomic_paths
 from qkv.training.checkpoint import capture_rng_state, list_checkpoints, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.training.logging import MetricsLogger, NonFiniteLossError, Progress, check_finite, read_metrics
 from qkv.evaluation.losses import TokenLoss, label_smoothed_nll, masked_nll

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qkv.io import as_os_error, atomic_paths, left_behind
+from qkv.files import as_os_error, atomic_paths, left_behind
 from qkv.weights import WEIGHTS_SUFFIX, CheckpointError, load_state_dict_into, read_weights, write_weights
 
 STATE_SUFFIX = ".pt"

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from qkv.io import DeviceError
+from qkv.errors import DeviceError
 from qkv.parallel import RankError
 
 TIMEOUT_ENV = "QKV_COLLECTIVE_TIMEOUT"

@@ -35,12 +35,14 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from qkv.config import ConfigError, save_json, to_dict
+from qkv.errors import ConfigError, DataError
+from qkv.settings import save_json, to_dict
 from qkv.data.corpora import list_corpora, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, token_dtype
 from qkv.data.sft import PairSampler, encode_pairs, fingerprint, load_pairs
 from qkv.evaluation.validation import estimate_loss, evaluate_tokens, response_loss
-from qkv.io import DataError, atomic_path, autocast, read_json, read_text_file, to_device, write_json
+from qkv.devices import autocast, to_device
+from qkv.files import atomic_path, read_json, read_text_file, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
 from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, one_writer, require_arch

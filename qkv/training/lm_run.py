@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkv.config import PRESETS, ConfigError, ModelConfig, load_json, save_json
+from qkv.config import PRESETS, ModelConfig
+from qkv.errors import ConfigError, require
+from qkv.settings import load_json, save_json
 from qkv.data.lm import check_split
-from qkv.io import require
 from qkv.training.loop import LoopConfig, check_adam, check_rates
-from qkv.models.convert import gpt_from_hf
+from qkv.interop.gpt2 import gpt_from_hf
 from qkv.runs import CONFIG_FILE, MODEL_WEIGHTS_NAME, Run, RunError, one_writer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.weights import save_weights

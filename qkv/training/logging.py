@@ -19,7 +19,8 @@ from typing import Any, TextIO
 
 import torch
 
-from qkv.io import QkvError, as_os_error, require, write_text
+from qkv.errors import QkvError, require
+from qkv.files import as_os_error, write_text
 from qkv.runs import METRICS_FILE, TENSORBOARD_DIR
 
 _RESERVED = ("step", "split", "time", "elapsed")

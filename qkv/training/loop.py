@@ -40,8 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from qkv.config import ConfigError, to_dict
-from qkv.io import DEVICE_DEFAULT, DTYPES, autocast_dtype, keep_freed_memory, resolve_device
+from qkv.errors import ConfigError
+from qkv.settings import to_dict
+from qkv.devices import DEVICE_DEFAULT, DTYPES, autocast_dtype, keep_freed_memory, resolve_device
 from qkv.parallel import SINGLE, Ranks
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
 from qkv.training import distributed
@@ -188,7 +189,7 @@ def start(cfg: LoopConfig, group: Any = None) -> Runtime:
 
     Under torchrun the process joins its group here (gloo on CPUs, nccl on GPUs) and takes its own GPU.
     On CUDA, float32 matrix products may use TF32 (as the bf16 autocast, a precision for speed). The C
-    allocator keeps freed memory for the next step's tensors (:func:`qkv.io.keep_freed_memory`).
+    allocator keeps freed memory for the next step's tensors (:func:`qkv.devices.keep_freed_memory`).
 
     Args:
         cfg: The recipe's ``train:`` section.

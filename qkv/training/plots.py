@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qkv.io import as_os_error, atomic_path
+from qkv.files import as_os_error, atomic_path
 from qkv.training.logging import read_metrics
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from qkv.config import apply_overrides, load_json, load_recipe
+from qkv.settings import apply_overrides, load_json, load_recipe
 from qkv.runs import CONFIG_FILE
 from qkv.training.finetune import FinetuneRecipe
 from qkv.training.lm_run import LMRecipe

@@ -26,11 +26,13 @@ from typing import Any, Sequence, TextIO
 import torch
 import torch.nn.functional as F
 
-from qkv.config import ConfigError, save_json
+from qkv.errors import ConfigError, DataError
+from qkv.settings import save_json
 from qkv.data.corpora import get_corpus, read_parallel, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, tokenize_to_file
 from qkv.evaluation.validation import estimate_loss, evaluate_tokens
-from qkv.io import DataError, autocast, read_text_file, to_device
+from qkv.devices import autocast, to_device
+from qkv.files import read_text_file
 from qkv.models.gpt import GPT
 from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run, one_writer
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer

@@ -30,15 +30,16 @@ from typing import Any
 
 import torch
 
-from qkv.config import (
-    ALPHA, BEAM, MAX_TOKENS, ConfigError, ModelConfig, load_json, save_json,
-)
+from qkv.config import ALPHA, BEAM, MAX_TOKENS, ModelConfig
+from qkv.errors import ConfigError
+from qkv.settings import load_json, save_json
 from qkv.data.batching import BatchStream
 from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
 from qkv.evaluation.bleu import score
 from qkv.evaluation.validation import translation_loss
 from qkv.generation.api import Translator
-from qkv.io import autocast, evaluating, model_device, write_json, write_text
+from qkv.devices import autocast, evaluating, model_device
+from qkv.files import write_json, write_text
 from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (

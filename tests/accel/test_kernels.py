@@ -11,7 +11,7 @@ from torch import nn
 from qkv import GPT, Transformer, preset
 from qkv.accel import kernels as K
 from qkv.accel.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
-from qkv.io import cpu_identity
+from qkv.devices import cpu_identity
 
 needs_onednn = pytest.mark.skipif(not K.available("onednn"), reason="this torch has no oneDNN linear")
 needs_mkl = pytest.mark.skipif(not K.available("mkl"), reason="this torch has no MKL packed GEMM")

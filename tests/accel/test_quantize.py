@@ -13,7 +13,7 @@ from torch import nn
 
 from qkv import GPT, Transformer, preset
 from qkv.cli import main
-from qkv.config import ConfigError
+from qkv.errors import ConfigError
 from qkv.generation import generate
 from qkv.generation.api import Translator
 from qkv.generation.beam import greedy_search

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.config import ConfigError
-from qkv.io import DataError
+from qkv.errors import ConfigError, DataError
 from qkv.data.lm import (LMData, load_splits, load_tokens, split_by_position, split_documents, split_text, token_dtype,
                          tokenize_to_file)
 from qkv.tokenizers.char import CharTokenizer

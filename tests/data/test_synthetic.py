@@ -167,7 +167,7 @@ def test_asking_for_too_much_is_a_clear_error():
 def test_the_demo_corpus_as_instruction_pairs_for_fine_tuning():
     from qkv.data.sft import load_pairs
     from qkv.data.synthetic import DEMO, SEED_SENTENCE, demo_corpus
-    from qkv.io import DataError
+    from qkv.errors import DataError
 
     splits = demo_corpus()
     for split in ("train", "valid", "test"):

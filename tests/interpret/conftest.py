@@ -1,11 +1,21 @@
-"""Shared fixtures of the interpret tests: real tiny translation (trained) and GPT (untrained) run directories."""
+"""Shared fixtures of the interpret tests: real tiny translation (trained) and GPT (untrained) run directories;
+and ``figures_reference``, the Python reference of the page's figures.js (only tests use it, so it lives here
+and not in the package), importable by that name in these tests."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from qkv.config import ModelConfig, to_dict
+from qkv.config import ModelConfig
+from qkv.settings import to_dict
+
+_spec = importlib.util.spec_from_file_location("figures_reference", Path(__file__).with_name("figures_reference.py"))
+sys.modules["figures_reference"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["figures_reference"])
 
 SENTENCES = ["小明累了，他想睡觉。", "Xiaoming is tired, he wants to sleep."]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import figures_reference as F  # tests/interpret/figures_reference.py (conftest.py makes it importable)
+
 from qkv.interpret.explorer import export_page, make_server
-from qkv.interpret.explorer import figures as F
 
 pytestmark = pytest.mark.browser
 

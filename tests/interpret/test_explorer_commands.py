@@ -17,7 +17,7 @@ def parse(*argv):
 
 def test_register_defaults():
     args = parse()
-    assert args.func is commands.run
+    assert args.func is commands.cmd_explore
     assert (args.run, args.host, args.port, args.export, args.text) == (None, "127.0.0.1", 8765, None, None)
 
 
@@ -31,13 +31,13 @@ def test_export_without_run(tmp_path, capsys):
 
 def test_run_missing_dir(tmp_path, capsys):
     args = parse("--run", str(tmp_path / "nope"), "--export", str(tmp_path / "p.html"))
-    assert commands.run(args) == 2
+    assert commands.cmd_explore(args) == 2
     assert "no such directory" in capsys.readouterr().err
 
 
 def test_run_dir_that_is_not_a_run(tmp_path, capsys):
     args = parse("--run", str(tmp_path), "--export", str(tmp_path / "p.html"))
-    assert commands.run(args) == 2
+    assert commands.cmd_explore(args) == 2
     err = capsys.readouterr().err
     assert "no config.json" in err and str(tmp_path) in err
     assert not (tmp_path / "p.html").exists()
@@ -60,9 +60,9 @@ def test_run_with_provider_embeds_maps(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(model_maps, "make_attention_provider", make_attention_provider)
     out = tmp_path / "p.html"
-    assert commands.run(parse("--run", str(tmp_path), "--export", str(out))) == 2
+    assert commands.cmd_explore(parse("--run", str(tmp_path), "--export", str(out))) == 2
     assert "needs --text" in capsys.readouterr().err
-    assert commands.run(parse("--run", str(tmp_path), "--export", str(out), "--text", "他想")) == 0
+    assert commands.cmd_explore(parse("--run", str(tmp_path), "--export", str(out), "--text", "他想")) == 0
     assert seen["run_dir"] == str(tmp_path)
     assert 'id="qkv-model-data"' in out.read_text(encoding="utf-8")
 
@@ -72,7 +72,7 @@ def test_run_with_provider_embeds_maps(tmp_path, capsys, monkeypatch):
     (("--port", "70000"), "--port must be"),
 ])
 def test_bad_arguments(argv, message, capsys):
-    assert commands.run(parse(*argv)) == 2
+    assert commands.cmd_explore(parse(*argv)) == 2
     assert message in capsys.readouterr().err
 
 
@@ -81,7 +81,7 @@ def test_port_in_use_is_a_clear_error(capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        assert commands.run(parse("--port", str(port))) == 2
+        assert commands.cmd_explore(parse("--port", str(port))) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
 
@@ -91,7 +91,7 @@ def test_export_a_real_run_embeds_output_kinds_and_layers(mt_run, tmp_path, caps
     import re
 
     out = tmp_path / "p.html"
-    assert commands.run(parse("--run", str(mt_run), "--export", str(out), "--text", "他想睡觉")) == 0
+    assert commands.cmd_explore(parse("--run", str(mt_run), "--export", str(out), "--text", "他想睡觉")) == 0
     html = out.read_text(encoding="utf-8")
     data = json.loads(re.search(r'id="qkv-model-data">(.*?)</script>', html, flags=re.S).group(1))
     assert data["text"] == "他想睡觉" and isinstance(data["output"], str)
@@ -132,7 +132,7 @@ def test_the_server_starts_on_the_sentence_the_pronoun_head_is_seen_at_work_on(t
     monkeypatch.setattr(commands, "_load_views", lambda run_dir: {"attention_provider": None, "pronoun_head": head})
     seen = {}
     monkeypatch.setattr(commands, "serve", lambda host, port, **kw: seen.update(kw) or 0)
-    assert commands.run(parse("--run", str(tmp_path))) == 0
+    assert commands.cmd_explore(parse("--run", str(tmp_path))) == 0
     assert seen["default_text"] == "小明累了，想睡觉。" and seen["pronoun_head"] == head
-    assert commands.run(parse("--run", str(tmp_path), "--text", "他想")) == 0
+    assert commands.cmd_explore(parse("--run", str(tmp_path), "--text", "他想")) == 0
     assert seen["default_text"] == "他想"  # --text wins

@@ -3,11 +3,12 @@
 import itertools
 import math
 
+import figures_reference as F  # tests/interpret/figures_reference.py (conftest.py makes it importable)
 import numpy as np
 import pytest
 import torch
 
-from qkv.interpret.explorer import figures as F
+import qkv.interpret.explorer
 
 
 def test_softmax_rows_sum_to_one_and_match_torch():
@@ -263,16 +264,15 @@ def test_the_figure_constants_live_once_in_constants_js():
     from pathlib import Path
 
     from qkv.interpret.capture import KINDS as capture_kinds
-    from qkv.interpret.explorer import figures
     from qkv.interpret.explorer.constants import CONSTANTS
     from qkv.interpret.explorer.payload import KINDS
 
-    static = Path(figures.__file__).parent / "static"
+    static = Path(qkv.interpret.explorer.__file__).parent / "static"
     for name, value in CONSTANTS.items():
-        if hasattr(figures, name):
-            assert np.asarray(getattr(figures, name)).tolist() == value, name
+        if hasattr(F, name):
+            assert np.asarray(getattr(F, name)).tolist() == value, name
     assert list(KINDS) == list(capture_kinds) == CONSTANTS["KINDS"]
     for js in ("figures.js", "paper.js", "article.js", "model_view.js", "draw.js", "explorer.js"):
         text = (static / js).read_text(encoding="utf-8")
         assert not re.search(r"var (FIG\d|TOY)_\w+ = \[[\s\[]*-?\d", text), js  # a literal array: a second copy
-    assert re.search(r"TOY_EMBEDDINGS = np\.array\(_C\[", Path(figures.__file__).read_text(encoding="utf-8"))
+    assert re.search(r"TOY_EMBEDDINGS = np\.array\(_C\[", Path(F.__file__).read_text(encoding="utf-8"))

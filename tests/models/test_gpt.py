@@ -29,7 +29,7 @@ def test_gpt2_small_preset_size():
 
 
 def test_from_hf_logits_match():
-    from qkv.models.convert import gpt_from_hf
+    from qkv.interop.gpt2 import gpt_from_hf
 
     hf = hf_model()
     ours = gpt_from_hf(hf).eval()
@@ -43,7 +43,7 @@ def test_from_hf_logits_match():
     {"positional": "sinusoidal", "activation": "relu", "tie_embeddings": False},
 ])
 def test_to_hf_logits_match(layout):
-    from qkv.models.convert import gpt_to_hf
+    from qkv.interop.gpt2 import gpt_to_hf
 
     ours = GPT(ModelConfig(arch="gpt", vocab_size=97, d_model=48, n_heads=4, d_ff=192, n_layers=3, max_len=64,
                            dropout=0.0, **{"positional": "learned", "norm": "pre", "activation": "gelu_tanh",
@@ -58,7 +58,7 @@ def test_to_hf_logits_match(layout):
 
 
 def test_to_hf_refuses_a_different_layout():
-    from qkv.models.convert import gpt_to_hf
+    from qkv.interop.gpt2 import gpt_to_hf
 
     for option, value in (("positional", "rope"), ("activation", "swiglu"), ("norm", "post"), ("d_k", 8)):
         with pytest.raises(ValueError, match=f"model.{option}={value!r}"):
@@ -66,7 +66,7 @@ def test_to_hf_refuses_a_different_layout():
 
 
 def test_greedy_generation_matches_hf_token_for_token():
-    from qkv.models.convert import gpt_from_hf
+    from qkv.interop.gpt2 import gpt_from_hf
 
     hf = hf_model()
     ours = gpt_from_hf(hf).eval()

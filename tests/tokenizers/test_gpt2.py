@@ -220,7 +220,7 @@ def test_a_converted_gpt2_fine_tunes_without_tokens_and_mixes_the_text_it_is_giv
 
 
 def test_a_recipe_can_ask_for_gpt2s_tokenizer(monkeypatch):
-    from qkv.config import ConfigError
+    from qkv.errors import ConfigError
     from qkv.training.lm_run import LMDataConfig
     from qkv.training.train_lm import build_tokenizer
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs
+from qkv.data.sft import Pair, SFTDataError, SFTExample, collate, encode_pairs, read_jsonl_pairs, write_jsonl_pairs
 from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, finetune_loss, pretraining_data
 from qkv.runs import Run, load_model
 from qkv.evaluation.losses import masked_nll
-from qkv.config import ConfigError, from_dict
+from qkv.errors import ConfigError
+from qkv.settings import from_dict
 from qkv.training.lm_run import LMDataConfig, LMRecipe
 from qkv.training.train_lm import train_lm
 
@@ -25,9 +26,7 @@ def _pairs():
 
 def _jsonl(path, pairs) -> str:
     """``pairs`` written as a fine-tuning file; its path, which a recipe names."""
-    path.write_text("".join(json.dumps({"prompt": p.prompt, "response": p.response}, ensure_ascii=False) + "\n"
-                            for p in pairs), encoding="utf-8")
-    return str(path)
+    return str(write_jsonl_pairs(pairs, path))
 
 
 def _recipe(base_run, train: str, valid: str = "", **settings) -> FinetuneRecipe:

@@ -1,7 +1,7 @@
 """A trainer killed at every point where it writes a file resumes to the run that was never killed.
 
 For each trainer (``train lm``, ``train mt``, ``finetune``), a reference run records every file it
-writes, in order, through ``qkv.io``'s atomic writes. Then, for each file it writes (config, tokenizer,
+writes, in order, through ``qkv.files``'s atomic writes. Then, for each file it writes (config, tokenizer,
 tokens, checkpoint weights and state, step files, best, model, average, results, curves), a forked copy
 of this process runs the same command and dies with ``os._exit`` (no cleanup, no ``finally``: what
 SIGKILL leaves) at that file's write: just before its rename, and for the checkpoint also after the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import qkv.io
+import qkv.files
 from qkv.cli import main
 from qkv.training import checkpoint
 
@@ -25,16 +25,16 @@ KILLED = 137  # the child's exit status when it died where it was told to
 
 
 class Writes:
-    """Hooks on qkv.io's atomic writes: record each file renamed into place, or die at one of them."""
+    """Hooks on qkv.files's atomic writes: record each file renamed into place, or die at one of them."""
 
     def __init__(self, monkeypatch, die_at: tuple[str, str, int] | None = None, within: Path | None = None):
         self.renamed: list[str] = []  # the files renamed into place under ``within`` (the run directory)
         self.die_at = die_at  # (when, file name, n-th time that file is written)
         self.seen: dict[tuple[str, str], int] = {}
-        real_replace, real_write_weights = qkv.io.os.replace, checkpoint.write_weights
+        real_replace, real_write_weights = qkv.files.os.replace, checkpoint.write_weights
         writes = self
 
-        class Os:  # qkv.io's `os`, with replace hooked
+        class Os:  # qkv.files's `os`, with replace hooked
             def __getattr__(self, name):
                 return getattr(os, name)
 
@@ -51,7 +51,7 @@ class Writes:
             real_write_weights(model, path, *args, **kwargs)
             writes._point("weights written", "last.safetensors")
 
-        monkeypatch.setattr(qkv.io, "os", Os())
+        monkeypatch.setattr(qkv.files, "os", Os())
         monkeypatch.setattr(checkpoint, "write_weights", write_weights)
 
     def _point(self, when: str, name: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.config import ConfigError
+from qkv.errors import ConfigError
 from qkv.training.logging import NonFiniteLossError
 from qkv.training.loop import (
     Cadence, LoopConfig, LoopState, Runtime, check_same_run, export, optimizer_step, resume_state, save_state,
@@ -71,7 +71,7 @@ def test_with_an_fp16_scaler_an_overflow_skips_the_update_and_lowers_the_scale()
 
 
 def test_half_precision_is_for_gpus():
-    from qkv.io import autocast_dtype
+    from qkv.devices import autocast_dtype
 
     assert autocast_dtype("auto", torch.device("cpu")) is None
     for dtype in ("bf16", "fp16"):
@@ -150,7 +150,7 @@ def test_a_checkpoint_of_the_trainers_before_the_shared_loop_resumes(tmp_path):
 def test_a_launched_process_without_its_backend_gets_one_clear_error(monkeypatch):
     import torch.distributed as dist
 
-    from qkv.io import DeviceError
+    from qkv.errors import DeviceError
     from qkv.training import distributed
 
     monkeypatch.setenv("RANK", "0")

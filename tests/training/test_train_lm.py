@@ -8,10 +8,10 @@ import torch
 
 import qkv.cli
 
-from qkv.config import ConfigError, from_dict, recipe_file, recipe_names
+from qkv.errors import ConfigError, DataError
+from qkv.settings import from_dict, recipe_file, recipe_names
 from qkv.data.lm import load_splits, split_documents
 from qkv.evaluation.validation import evaluate_tokens
-from qkv.io import DataError
 from qkv.runs import Run, RunError, load_model
 from qkv.training.lm_run import LMRecipe, load_run_recipe
 from qkv.training import recipes

@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from qkv.config import ConfigError, ModelConfig, apply_overrides, load_yaml, recipe_file, recipe_names
+from qkv.config import ModelConfig
+from qkv.errors import ConfigError
+from qkv.settings import apply_overrides, load_yaml, recipe_file, recipe_names
 from qkv.data.translation import DataConfig
 from qkv.generation.api import Translator
 from qkv.weights import load_weights

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import qkv.io
+import qkv.files
 import qkv.training.checkpoint as ckpt
 from qkv.training.checkpoint import capture_rng_state, list_checkpoints, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.weights import CheckpointError, average_checkpoints, load_state_dict_into, load_weights, save_weights
@@ -204,7 +204,7 @@ def _kill_between_the_renames(tmp_path, make_model, monkeypatch, keep_the_rest: 
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(qkv.io.os, "replace", replace_once_then_die)
+    monkeypatch.setattr(qkv.files.os, "replace", replace_once_then_die)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, "last", make_model(seed=2), state={"step": 2})
     monkeypatch.undo()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qkv.interpret.explorer.constants import CONSTANTS, load_constants
 from qkv.interpret.traces import make_trace_provider
-from qkv.io import write_text
+from qkv.files import write_text
 
 TRACES_FILE = Path(__file__).resolve().parent / "static" / "traces.js"
 SEED_TEXT = "小明累了，他想睡觉。"  # the first article's sentence

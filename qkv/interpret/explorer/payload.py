@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from qkv.io import QkvError
+from qkv.errors import QkvError
 from qkv.interpret.explorer.constants import CONSTANTS
 
 MAX_TEXT_CHARS = 500  # Longest text a model's maps are computed for (server, CLI and model_maps alike).

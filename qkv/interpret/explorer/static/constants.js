@@ -1,8 +1,8 @@
 /*
  * constants.js: the numbers of the explorer's figures, written once. figures.js and explorer.js read
  * them from globalThis.QKVConstants; qkv/interpret/explorer/constants.py reads this file as JSON (the
- * text from the first opening brace to the last closing one), for the Python reference figures.py and
- * for the payload checks. So the object below is strict JSON: double quotes, no comments inside.
+ * text from the first opening brace to the last closing one), for the Python reference
+ * (tests/interpret/figures_reference.py) and for the payload checks. So the object below is strict JSON: double quotes, no comments inside.
  *
  * TOKENS: The sentence of every figure: 小明累了，他想睡觉 ("Xiaoming is tired, he wants to sleep").
  * QUERY_TOKEN: 他 (he): the token whose query figure 1 drags; it should find 小明.

@@ -1,6 +1,6 @@
 /*
  * figures.js: the numbers behind figures 1-5, with the same formulas as the Python reference
- * qkv/interpret/explorer/figures.py (the tests compare the two within 1e-6) and the constants of
+ * tests/interpret/figures_reference.py (the tests compare the two within 1e-6) and the constants of
  * constants.js, which both read.
  * Pure functions only: no DOM. Exposed as globalThis.QKVFigures.
  */
@@ -101,7 +101,7 @@
 
   // ------------------------------------------------------------------ the toy world
   // Figures 1, 3 and 4 share these: keys and values are rows of XW^K and XW^V, 他's query is
-  // x(他)W^Q, so figure 3's row 3 is figure 1's 他 (as figures.py).
+  // x(他)W^Q, so figure 3's row 3 is figure 1's 他 (as figures_reference.py).
   var FIG1_KEYS = matmul(TOY_EMBEDDINGS, TOY_W_K);     // (5, 2)
   var FIG1_VALUES = matmul(TOY_EMBEDDINGS, TOY_W_V);   // (5, 2)
   var FIG1_QUERY = matmul([TOY_EMBEDDINGS[QUERY_TOKEN]], TOY_W_Q)[0]; // (2,)

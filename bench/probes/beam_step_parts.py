@@ -1,6 +1,6 @@
 """Where beam search's decoder step spends its time, timed directly (no profiler): the step, its products, attention.
 
-bench/beam_step_aot.py's shapes (beam 4 over 16 sources of 18-22 tokens, 64 hypotheses, the small
+bench/probes/beam_step_aot.py's shapes (beam 4 over 16 sources of 18-22 tokens, 64 hypotheses, the small
 encoder-decoder, an 8,000-token vocabulary). In one process, alternating for ``--rounds`` rounds, each a
 mean over the search's 30 steps:
 - ``step``: the eager decoder step as the search runs it (weights laid out for the chosen kernels);
@@ -13,7 +13,7 @@ mean over the search's 30 steps:
 A profiler's per-call overhead inflates ops this small (it put an attention call at ~320 us); these are
 wall times of the calls themselves.
 
-    python bench/beam_step_parts.py [--rounds 5] [--out bench/results/beam_step_parts.json]
+    python bench/probes/beam_step_parts.py [--rounds 5] [--out bench/results/beam_step_parts.json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from beam_step_aot import BEAM, NEW, first_step, model_and_sources  # noqa: E402
 from common import write_result  # noqa: E402
 

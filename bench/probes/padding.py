@@ -4,7 +4,7 @@ Tokenizes multi30k train (de -> en) with a joint BPE, then cuts batches of at mo
 tokens a side both ways, and reports the share of the batch cells that are padding (source and target
 input), averaged over 3 epochs' shuffles.
 
-    python bench/padding.py [--tokenizer runs/de-en/tokenizer.json] [--max-tokens 2500]
+    python bench/probes/padding.py [--tokenizer runs/de-en/tokenizer.json] [--max-tokens 2500]
 """
 
 from __future__ import annotations

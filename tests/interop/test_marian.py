@@ -5,7 +5,7 @@ import torch
 
 from qkv.config import ModelConfig
 from qkv.models import Transformer
-from qkv.models.marian import MarianUnsupported, check_marian, marian_order, transformer_to_marian
+from qkv.interop.marian import MarianUnsupported, check_marian, marian_order, transformer_to_marian
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 

@@ -15,7 +15,7 @@ does next on the device, the log-softmax and the choice of the 2k best continuat
 
 ``--size`` is bench/beam_mt.py's (``tiny``: what compiling does to a step's cost besides arithmetic).
 
-    python bench/beam_step_aot.py [--repeats 3] [--with-choice] [--size small|tiny|base] [--out FILE]
+    python bench/probes/beam_step_aot.py [--repeats 3] [--with-choice] [--size small|tiny|base] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import time
 import torch
 from torch import Tensor, nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from beam_mt import BEAM, NEW, SIZES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 

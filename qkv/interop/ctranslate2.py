@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from qkv.config import ModelConfig
-from qkv.io import QkvError, require
+from qkv.errors import QkvError, require
 from qkv.models.gpt import GPT
 from qkv.models.transformer import Transformer
 

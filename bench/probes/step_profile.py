@@ -11,7 +11,7 @@ profiler; the wall time from a plain timed loop. The GPT steps keep the cache at
 positions; "gpt generate" profiles whole generations of bench/generate_gpt.py (the cache growing to
 216), per step.
 
-    python bench/step_profile.py [--steps 50] [--out bench/results/step_profile.json]
+    python bench/probes/step_profile.py [--steps 50] [--out bench/results/step_profile.json]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from beam_mt import searches  # noqa: E402
 from common import time_steps, write_result  # noqa: E402
 from generate_gpt import NEW, PROMPT, VOCAB, hf_gpt  # noqa: E402

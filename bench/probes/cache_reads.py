@@ -12,7 +12,7 @@ The shapes are those of bench/generate_gpt.py (batch 1 and 8, 6 heads, the cache
 end of a generation, allocated for the model's 256 positions) and bench/beam_mt.py (64 rows = 16
 sources x beam 4, at its last step, allocated for 31 positions; 4 heads small, 8 base).
 
-    python bench/cache_reads.py [--calls 40] [--out bench/results/cache_reads.json]
+    python bench/probes/cache_reads.py [--calls 40] [--out bench/results/cache_reads.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from common import write_result  # noqa: E402
 
 # (label, rows, heads, cached positions L, allocated positions)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from qkv.config import ALPHA, BEAM, ModelConfig
-from qkv.io import QkvError, require
+from qkv.errors import QkvError, require
 from qkv.models.transformer import Transformer
 
 # qkv's activation -> Marian's activation_function.

@@ -2,7 +2,7 @@
 
 HF's GPT-2 stores its projections as ``Conv1D`` with weights of shape (in, out); qkv uses
 ``nn.Linear``'s (out, in). The transpose happens here, at the boundary, and nowhere else.
-``transformers`` is imported when it is used (``qkv.io.require``): the core does not need it.
+``transformers`` is imported when it is used (``qkv.errors.require``): the core does not need it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from qkv.config import ModelConfig
-from qkv.io import require
+from qkv.errors import require
 from qkv.models.gpt import GPT
 from qkv.modules.positional import sinusoidal_table
 

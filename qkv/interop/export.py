@@ -1,12 +1,12 @@
 """``qkv export hf|ctranslate2``: a run as a model folder another library loads.
 
 - ``hf``: a folder that ``from_pretrained`` and ``AutoTokenizer`` load. A GPT run becomes a
-  ``GPT2LMHeadModel`` (``qkv.models.convert``), a translation run a ``MarianMTModel``
-  (``qkv.models.marian``); each with its config, ``model.safetensors``, a generation config that
+  ``GPT2LMHeadModel`` (``qkv.interop.gpt2``), a translation run a ``MarianMTModel``
+  (``qkv.interop.marian``); each with its config, ``model.safetensors``, a generation config that
   starts and stops as qkv does, and its tokenizer as a ``PreTrainedTokenizerFast``
   (``qkv.tokenizers.hf``; a GPT converted from GPT-2 keeps GPT-2's own, from the Hub).
 - ``ctranslate2``: a folder that ``ctranslate2.Translator`` (translation) or ``ctranslate2.Generator``
-  (a GPT) loads (``qkv.models.ctranslate2``): its ``model.bin``, ``config.json`` and vocabulary, in
+  (a GPT) loads (``qkv.interop.ctranslate2``): its ``model.bin``, ``config.json`` and vocabulary, in
   fp32 or quantized by CTranslate2 (``int8``...), with qkv's ``tokenizer.json`` beside them.
 
 Either folder is written beside its destination and renamed into place: it is there whole or not at
@@ -21,11 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from qkv.io import as_os_error
+from qkv.files import as_os_error
 from qkv.models import GPT, Transformer
-from qkv.models.convert import gpt_to_hf
-from qkv.models.ctranslate2 import to_ctranslate2
-from qkv.models.marian import transformer_to_marian
+from qkv.interop.gpt2 import gpt_to_hf
+from qkv.interop.ctranslate2 import to_ctranslate2
+from qkv.interop.marian import transformer_to_marian
 from qkv.runs import TOKENIZER_FILE, Run, RunError, load_model
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.tokenizers.hf import to_transformers

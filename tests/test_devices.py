@@ -1,4 +1,4 @@
-"""qkv.io: what every part needs from the outside world."""
+"""qkv.devices: the machine a result was measured on, and its memory kept for the next step."""
 
 import platform
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from qkv.io import cpu_identity
+from qkv.devices import cpu_identity
 
 
 def test_two_cpus_a_virtual_machine_names_alike_are_told_apart(tmp_path):
@@ -31,7 +31,7 @@ def test_two_cpus_a_virtual_machine_names_alike_are_told_apart(tmp_path):
 
 _FREED = """
 import os, sys, torch
-from qkv.io import keep_freed_memory
+from qkv.devices import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 elif sys.argv[1] == "start":  # every trainer starts through this

@@ -10,7 +10,7 @@ vector, as one decoding step at batch 1 does. Kernels, all in one process, alter
 - ``read``: ``W.sum()`` over the same matrices: streaming the 43 MB with one add per number, the
   cost of memory alone.
 
-    python bench/gemv.py [--rounds 5] [--out bench/results/gemv.json]
+    python bench/probes/gemv.py [--rounds 5] [--out bench/results/gemv.json]
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from common import time_steps, write_result  # noqa: E402
 
 D, FF, LAYERS = 384, 1536, 6

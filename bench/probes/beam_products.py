@@ -19,7 +19,7 @@ step), three ways, each in fresh processes alternating for ``--repeats`` rounds:
   encoder, the step's linear maps, its attention calls, the log-softmax, the choice of continuations
   and the cache reorder; ~1,200 clock reads a search, the search's own time beside it untimed).
 
-    python bench/beam_products.py [--repeats 5] [--out bench/results/beam_products.json]
+    python bench/probes/beam_products.py [--repeats 5] [--out bench/results/beam_products.json]
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
 from beam_mt import BEAM, NEW, SOURCES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
