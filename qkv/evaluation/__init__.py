@@ -1,4 +1,4 @@
-"""Evaluation: translation quality with sacreBLEU (BLEU, chrF)."""
+"""Evaluation: translation quality with sacreBLEU (BLEU, chrF), the token losses, and every model's validation loss."""
 
 from qkv.evaluation.bleu import corpus_bleu, corpus_chrf, score, score_files
 
