@@ -117,7 +117,7 @@ print(tokens)
 he, xiaoming = tokens.index("他"), tokens.index("小明")
 
 with torch.no_grad():
-    X = model.embedding(src)[0] * math.sqrt(cfg.d_model) + model.positional(src.shape[1])   # (S, d_model)
+    X = model.token_embedding(src)[0] * math.sqrt(cfg.d_model) + model.positional(src.shape[1])   # (S, d_model)
     assert torch.allclose(X, model.embed(src)[0], atol=1e-6)       # what the model itself feeds its encoder
 print(X.shape, "the row of 他:", X[he, :4])
 """),
@@ -227,7 +227,7 @@ order = [tokens.index(t) for t in tokens2]                 # where each word of 
 
 def weights_of(ids, with_positions):
     with torch.no_grad():
-        x = model.embedding(ids)[0] * math.sqrt(d)
+        x = model.token_embedding(ids)[0] * math.sqrt(d)
         if with_positions:
             x = x + model.positional(ids.shape[1])
         q = (x @ W_Q.T + b_Q).view(-1, H, d_k).transpose(0, 1)

@@ -48,7 +48,7 @@ def _transformer() -> Transformer:
     torch.manual_seed(0)
     model = Transformer(preset("tiny-transformer", vocab_size=24, dropout=0.0, tie_embeddings=False, max_len=40))
     with torch.no_grad():
-        model.generator.weight[EOS] *= 3.0  # outputs end at varied lengths
+        model.lm_head.weight[EOS] *= 3.0  # outputs end at varied lengths
     return model.eval()
 
 

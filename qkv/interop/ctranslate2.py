@@ -118,12 +118,12 @@ def to_ctranslate2(model: nn.Module, tokenizer: Any) -> Any:
                                                  no_final_norm=not cfg.use_final_norm, activation=activation)
         stacks = ((spec.encoder, spec.encoder.embeddings[0]), (spec.decoder, spec.decoder.embeddings))
         for stack, embedding_spec in stacks:  # one embedding matrix, shared as in qkv
-            embedding_spec.weight = _array(model.embedding.weight)
+            embedding_spec.weight = _array(model.token_embedding.weight)
             stack.scale_embeddings = True  # x * sqrt(d_model), Section 3.4
             _positions(stack, model.positional, cfg)
         _stack(spec.encoder, model.encoder_layers, model.encoder_norm, cross=False)
         _stack(spec.decoder, model.decoder_layers, model.decoder_norm, cross=True)
-        _linear(spec.decoder.projection, model.generator)
+        _linear(spec.decoder.projection, model.lm_head)
         if tokenizer.bos_id is None or tokenizer.eos_id is None:
             raise CTranslate2Unsupported("a translation tokenizer without <bos> and <eos>")
         spec.config.add_source_eos = True

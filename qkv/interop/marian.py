@@ -85,7 +85,7 @@ def _state(model: Transformer) -> dict:
     """Marian's state dict of ``model``'s weights."""
     cfg, ours = model.cfg, model.state_dict()
     d = cfg.d_model
-    state = {"model.shared.weight": ours["embedding.weight"]}
+    state = {"model.shared.weight": ours["token_embedding.weight"]}
     stacks = [("encoder", "encoder_layers", cfg.n_layers), ("decoder", "decoder_layers", cfg.decoder_layers)]
     for stack, layers, n in stacks:
         for i in range(n):

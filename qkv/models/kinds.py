@@ -33,7 +33,7 @@ class ModelKind:
 
 
 KINDS: dict[str, ModelKind] = {
-    "transformer": ModelKind(Transformer, "`qkv train mt` or `qkv demo`", lambda m: [*m.decoder_layers, m.generator]),
+    "transformer": ModelKind(Transformer, "`qkv train mt` or `qkv demo`", lambda m: [*m.decoder_layers, m.lm_head]),
     "gpt": ModelKind(GPT, "`qkv train lm`, `qkv finetune` or `qkv convert gpt2`", lambda m: [*m.layers, m.lm_head]),
 }
 

@@ -13,6 +13,9 @@ from qkv.modules.masks import padding_mask
 from qkv.modules.packing import UNPACKED, Layout, packing_for
 from qkv.modules.positional import build_positional
 
+# Parameters runs saved before the two models named their parts alike (2026-12-03) call by other names.
+OLD_NAMES = {"embedding.weight": "token_embedding.weight", "generator.weight": "lm_head.weight"}
+
 
 class Transformer(nn.Module):
     """Encoder-decoder with one shared vocabulary.
@@ -27,7 +30,7 @@ class Transformer(nn.Module):
         if cfg.arch != "transformer":
             raise ValueError(f"Transformer needs a config with arch='transformer', got {cfg.arch!r}")
         self.cfg = cfg
-        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.key_dim, cfg.max_len, cfg.rope_base)
         self.rope = rope
         # "We apply dropout to the sums of the embeddings and the positional encodings in both the
@@ -38,21 +41,21 @@ class Transformer(nn.Module):
         final = cfg.use_final_norm
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if final else nn.Identity()
-        self.generator = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # the pre-softmax projection
         self._init_weights()
         if cfg.tie_embeddings:
-            self.generator.weight = self.embedding.weight
+            self.lm_head.weight = self.token_embedding.weight
 
     def _init_weights(self) -> None:
         # Xavier-uniform for every projection, as the paper's tensor2tensor code and the Annotated
         # Transformer do; the shared embedding ~ N(0, d_model^-1/2), so that after the sqrt(d_model)
         # scaling token vectors have unit variance, on the scale of the sinusoids (fairseq's choice).
         for name, p in self.named_parameters():
-            if p.dim() > 1 and name != "embedding.weight":
+            if p.dim() > 1 and name != "token_embedding.weight":
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+        nn.init.normal_(self.token_embedding.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
 
     # ------------------------------------------------------------------------------------------
 
@@ -60,7 +63,7 @@ class Transformer(nn.Module):
         """Scaled embeddings plus positions: (B, T) ids -> (B, T, D)."""
         if tokens.dim() != 2:
             raise ValueError(f"expected token ids of shape (B, T), got {tuple(tokens.shape)}")
-        x = self.embedding(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
+        x = self.token_embedding(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
         if self.positional is not None:
             x = x + self.positional(tokens.shape[1], offset=offset)
         return self.dropout(x)
@@ -116,11 +119,11 @@ class Transformer(nn.Module):
                       memory_layout=memory_layout)
         x = self.decoder_norm(x)
         if layout.packs and keep is not None and torch.equal(keep, layout.keep):
-            return self.generator(x)  # already exactly the kept positions, in order
+            return self.lm_head(x)  # already exactly the kept positions, in order
         x = layout.unpack(x)  # (B, T, D)
         if keep is not None:
             x = x[keep]  # (N, D)
-        return self.generator(x)
+        return self.lm_head(x)
 
     def forward(self, src: Tensor, tgt: Tensor, keep: Tensor | None = None) -> Tensor:
         """Teacher forcing: all target positions in one pass.
@@ -148,7 +151,7 @@ class Transformer(nn.Module):
 
     def setup_cache(self, batch_size: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
         """Allocate caches for ``batch_size`` decoder rows of up to ``max_len`` positions (default: cfg.max_len)."""
-        param = self.embedding.weight
+        param = self.token_embedding.weight
         for layer in self.decoder_layers:
             layer.self_attn.setup_cache(batch_size, max_len or self.cfg.max_len, dtype or param.dtype, param.device)
             layer.cross_attn.setup_cache()
@@ -171,8 +174,12 @@ class Transformer(nn.Module):
             layer.self_attn.cache = layer.cross_attn.cache = None
 
     def upgrade_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The weights of a run saved by an earlier qkv, renamed to today's parameters (a copy)."""
+        """The weights of a run saved by an earlier qkv, renamed to today's parameters (a copy): the embedding
+        and the output projection named as the GPT names them, cross-attention's stacked projection split."""
         state_dict = dict(state_dict)
+        for old, new in OLD_NAMES.items():
+            if old in state_dict:
+                state_dict.setdefault(new, state_dict.pop(old))
         for i, layer in enumerate(self.decoder_layers):
             layer.cross_attn.upgrade_state_dict(state_dict, f"decoder_layers.{i}.cross_attn.")
         return state_dict

@@ -21,7 +21,7 @@ def model():
     cfg = preset("tiny-transformer", vocab_size=V, dropout=0.0, tie_embeddings=False, max_len=40)
     m = Transformer(cfg).eval()
     with torch.no_grad():
-        m.generator.weight[EOS] *= 3.0
+        m.lm_head.weight[EOS] *= 3.0
     return m
 
 
@@ -198,15 +198,15 @@ class _NoEos(torch.nn.Module):
 
 def test_limit_forces_eos(model, src):
     """With <eos> made unlikely, every output stops exactly at its limit."""
-    generator = model.generator
-    model.generator = _NoEos(generator)
+    generator = model.lm_head
+    model.lm_head = _NoEos(generator)
     try:
         out = greedy_search(model, src, BOS, EOS, limit=6)
         beams = beam_search(model, src, BOS, EOS, beam_size=3, limit=6)
         # Default: source length + 50, capped by the 40 positions (39 after <bos>).
         lengths = [len(x) for x in greedy_search(model, src, BOS, EOS)]
     finally:
-        model.generator = generator
+        model.lm_head = generator
     assert [len(x) for x in out] == [6] * src.shape[0]
     assert all(len(h[0].tokens) == 6 for h in beams)
     assert lengths == [39] * src.shape[0]
@@ -233,7 +233,7 @@ def test_a_model_whose_scores_are_all_nan_is_a_clear_error_not_an_empty_result(m
     broken = Transformer(model.cfg).eval()
     broken.load_state_dict(model.state_dict())
     with torch.no_grad():
-        broken.generator.weight.fill_(float("nan"))
+        broken.lm_head.weight.fill_(float("nan"))
     with pytest.raises(FloatingPointError, match="scores are not finite"):
         beam_search(broken, src, BOS, EOS, beam_size=2, limit=5)
 

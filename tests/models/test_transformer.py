@@ -19,9 +19,9 @@ def test_paper_presets_have_table_3_sizes():
 
 def test_embeddings_shared_and_scaled():
     m = Transformer(small_cfg(positional="none")).eval()
-    assert m.generator.weight is m.embedding.weight
+    assert m.lm_head.weight is m.token_embedding.weight
     tok = torch.tensor([[5, 6]])
-    torch.testing.assert_close(m.embed(tok), m.embedding(tok) * 32 ** 0.5)
+    torch.testing.assert_close(m.embed(tok), m.token_embedding(tok) * 32 ** 0.5)
 
 
 def _to_torch_transformer(ours: Transformer) -> torch.nn.Transformer:
@@ -88,7 +88,7 @@ def test_matches_torch_nn_transformer(norm):
         tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(t, dtype=torch.bool),
         src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
     )
-    ref_logits = ours.generator(ref_hidden)
+    ref_logits = ours.lm_head(ref_hidden)
     real = tgt != 0  # logits at padding positions are meaningless (qkv does not compute them)
     torch.testing.assert_close(logits[real], ref_logits[real], atol=1e-5, rtol=0)
     # The encoder alone: its padding positions come back as zeros.
@@ -201,8 +201,9 @@ def test_a_few_steps_lower_the_loss():
     assert losses[-1] < 0.7 * losses[0]
 
 
-def test_weights_saved_with_a_stacked_cross_attention_still_load(tmp_path):
-    """Runs written before cross-attention had its own W^Q and [W^K; W^V] stored one (3D, D) in_proj."""
+def test_weights_saved_with_earlier_names_still_load(tmp_path):
+    """Runs written before cross-attention had its own W^Q and [W^K; W^V] stored one (3D, D) in_proj, and before
+    the embedding and the output projection were named as the GPT names them (embedding, generator)."""
     from safetensors.torch import save_file
 
     from qkv.weights import load_weights
@@ -214,7 +215,8 @@ def test_weights_saved_with_a_stacked_cross_attention_still_load(tmp_path):
         for part in ("weight", "bias"):
             old[c + f"in_proj.{part}"] = torch.cat([ours.state_dict()[c + f"q_proj.{part}"],
                                                   ours.state_dict()[c + f"kv_proj.{part}"]])
-    old.pop("generator.weight", None)  # tied to the embedding: stored once
+    old["embedding.weight"] = old.pop("token_embedding.weight")  # the name before the models named parts alike
+    old.pop("lm_head.weight", None)  # tied to the embedding: stored once
     save_file(old, tmp_path / "old.safetensors")
     loaded = Transformer(small_cfg()).eval()
     load_weights(tmp_path / "old.safetensors", loaded)

@@ -129,7 +129,7 @@ def test_validation_bleu_decodes_under_the_runs_autocast(straight, amp):
     run, _ = straight
     translator = Translator.from_run(run, device="cpu")
     seen = []
-    translator.model.generator.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    translator.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     src = ["小明饿了，他想吃饭。", "小红很忙，她想回家。"]
     scores, hyps = translate_and_score(translator.model, translator.tokenizer, src, ["x", "y"], beam=2, amp=amp)
     assert len(hyps) == 2 and 0.0 <= scores["bleu"] <= 100.0
