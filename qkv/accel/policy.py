@@ -60,7 +60,7 @@ class StepPolicy:
 
     def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs the step compiled ahead of time."""
-        return self.compile is None and max_new_tokens >= PRECOMPILED_AFTER and self.package(rows) is not None
+        return self._package_to_load(max_new_tokens, rows) is not None
 
     def would_load(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether such a generation would run a step compiled ahead of time if one were built, and none is:
@@ -71,20 +71,28 @@ class StepPolicy:
     def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
         """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs torch.compile's step: one prompt
         only (larger batches decode eagerly, where the weight products dominate)."""
+        return self._would_compile(max_new_tokens, rows) and not self.loads(max_new_tokens, rows)
+
+    def choose(self, max_new_tokens: int, rows: int = 1) -> tuple[Step, Path | None]:
+        """The step a generation runs, and the package it loads (None unless ``"loaded"``); the package is looked
+        for once."""
+        package = self._package_to_load(max_new_tokens, rows)
+        if package is not None:
+            return "loaded", package
+        return ("compiled", None) if self._would_compile(max_new_tokens, rows) else ("eager", None)
+
+    def _package_to_load(self, max_new_tokens: int, rows: int) -> Path | None:
+        """The package such a generation loads: by default, from PRECOMPILED_AFTER new tokens, where one was built."""
+        return self.package(rows) if self.compile is None and max_new_tokens >= PRECOMPILED_AFTER else None
+
+    def _would_compile(self, max_new_tokens: int, rows: int) -> bool:
+        """Whether such a generation runs torch.compile's step, unless a package runs instead."""
         if rows != 1 or self.compile is False:
             return False
         if self.compile:
             return True
-        return (max_new_tokens >= COMPILE_AFTER and not self.loads(max_new_tokens, rows)
-                and model_device(self.model).type == "cpu" and bool(step_linears(self.model))
-                and cpu_compiler_available())
-
-    def choose(self, max_new_tokens: int, rows: int = 1) -> tuple[Step, Path | None]:
-        """The step a generation runs, and the package it loads (None unless ``"loaded"``)."""
-        package = self.package(rows) if self.compile is None and max_new_tokens >= PRECOMPILED_AFTER else None
-        if package is not None:
-            return "loaded", package
-        return ("compiled", None) if self.compiles(max_new_tokens, rows) else ("eager", None)
+        return (max_new_tokens >= COMPILE_AFTER and model_device(self.model).type == "cpu"
+                and bool(step_linears(self.model)) and cpu_compiler_available())
 
 
 __all__ = ["COMPILE_AFTER", "PRECOMPILED_AFTER", "Step", "StepPolicy"]

@@ -134,9 +134,10 @@ class Completer:
 
         def on_step(tok: torch.Tensor) -> bool:  # tok: (1,); True stops at a stop string
             nonlocal text, emitted
-            if eos is not None and int(tok[0]) == eos:
+            token = int(tok[0])
+            if token == eos:
                 return False  # generate ends the row there
-            out.append(int(tok[0]))
+            out.append(token)
             text = self.tokenizer.decode(out)
             cut = _first_stop(text, stop)
             if cut is not None:
