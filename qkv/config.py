@@ -79,21 +79,19 @@ class ModelConfig:
             )
         if self.d_k is not None and self.d_k <= 0:
             raise ConfigError(f"ModelConfig.d_k must be positive (or null: d_model / n_heads), got {self.d_k}")
-        if self.positional == "rope" and self.key_dim % 2:
-            raise ConfigError(f"ModelConfig: RoPE needs an even key dimension d_k, got {self.key_dim}")
+        d_k, _ = self.head_sizes
+        if self.positional == "rope" and d_k % 2:
+            raise ConfigError(f"ModelConfig: RoPE needs an even key dimension d_k, got {d_k}")
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"ModelConfig.{name} must be in [0, 1), got {getattr(self, name)}")
 
     @property
-    def head_dim(self) -> int:
-        """d_v = d_model / h (Section 3.2.2), and d_k too unless ``d_k`` is set."""
-        return self.d_model // self.n_heads
-
-    @property
-    def key_dim(self) -> int:
-        """d_k: the size of each head's queries and keys (``d_k``, else d_model / h)."""
-        return self.d_k or self.head_dim
+    def head_sizes(self) -> tuple[int, int]:
+        """(d_k, d_v): the size of each head's queries and keys (``d_k``, else d_model / h) and of its values,
+        d_model / h (Section 3.2.2)."""
+        d_v = self.d_model // self.n_heads
+        return self.d_k or d_v, d_v
 
     @property
     def decoder_layers(self) -> int:

@@ -152,3 +152,39 @@ def test_the_rule_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from qkv.training import loop\n\ndef f():\n    from qkv.runs import Run\n")
     assert _imports(bad) == [("qkv.training", True), ("qkv.runs", False)]
+
+
+# One name per concept (docs/ARCHITECTURE.md, "One name per concept"): the paper's d_k and d_v, never the
+# synonyms they once had here.
+RETIRED = {"head_dim": "d_v (or d_k)", "key_dim": "d_k", "block_size": "max_len", "n_ctx": "max_len",
+           "n_embd": "d_model", "n_head": "n_heads", "n_layer": "n_layers"}
+
+
+def _identifiers(path: Path) -> set[str]:
+    """Every name ``path`` defines or reads of its own: variables, arguments, functions, classes, attributes it
+    sets or reads of ``self`` and ``cfg`` (another library's names, such as GPT-2's config fields, are its own)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cfg"):
+            names.add(node.attr)
+    return names
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_one_name_per_concept(path):
+    for name in sorted(_identifiers(path) & set(RETIRED)):
+        raise AssertionError(f"{path.relative_to(PACKAGE)} names {name!r}: qkv calls it {RETIRED[name]}")
+
+
+def test_the_naming_rule_catches_a_synonym(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(head_dim):\n    self.key_dim = head_dim\n    return cfg.block_size + hf.n_embd\n")
+    assert {"head_dim", "key_dim", "block_size"} <= _identifiers(bad) and "n_embd" not in _identifiers(bad)

@@ -38,7 +38,7 @@ from qkv.generation.beam import _best_continuations  # noqa: E402
 from qkv.accel.compiled import CompiledStep, caches_of  # noqa: E402
 from qkv.accel.kernels import end_decoding, start_decoding  # noqa: E402
 from qkv.accel.precompiled import PACKAGE_OPTIONS  # noqa: E402
-from qkv.modules.masks import padding_mask  # noqa: E402
+from qkv.modules.attention import padding_mask  # noqa: E402
 
 PACKAGE_ENV = "QKV_BENCH_BEAM_PACKAGE"
 SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.accel.precompiled.cache_slots)

@@ -59,9 +59,9 @@ def check_can_compile(device: torch.device) -> None:
 
 class SlotCache(KVCache):
     """A :class:`~qkv.modules.kv_cache.KVCache` for steps of fixed shapes: the one new position of a step is
-    written at the slot a (1,) tensor names, and attention reads every slot, (B, H, max_len, Dh), or the
-    first ``span`` of them, (B, H, span, Dh). Shapes that never change, so one compiled graph serves every
-    step; the step's mask hides the slots not yet written, and ``length`` stays the prompt's.
+    written at the slot a (1,) tensor names, and attention reads every slot, (B, H, max_len, d_k | d_v), or
+    the first ``span`` of them, (B, H, span, d_k | d_v). Shapes that never change, so one compiled graph serves
+    every step; the step's mask hides the slots not yet written, and ``length`` stays the prompt's.
 
     It holds the buffers of the cache it stands in for (the prompt was prefilled into them) and is put in
     that cache's place by :class:`CompiledStep`, which puts the cache back when it closes.
@@ -76,7 +76,8 @@ class SlotCache(KVCache):
         self.span: int | None = None
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v: (B, H, 1, Dh), written at ``slot``; returns the (B, H, span or max_len, Dh) keys and values."""
+        """k, v: (B, H, 1, d_k | d_v), written at ``slot``; returns the (B, H, span or max_len, d_k | d_v) keys and
+        values."""
         self.k.index_copy_(2, self.slot, k)
         self.v.index_copy_(2, self.slot, v)
         return self.k[:, :, :self.span], self.v[:, :, :self.span]
@@ -90,7 +91,7 @@ class _StepAttention(SelfAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
                groups: int = 1) -> tuple[Tensor, Tensor | None]:
-        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal, need_weights=True)  # (B, H, T, Dh)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal, need_weights=True)  # (B, H, T, d_v)
         return out, (weights if need_weights else None)
 
 

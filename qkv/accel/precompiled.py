@@ -143,7 +143,7 @@ class _Step(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, slot: Tensor, *kv: Tensor) -> Tensor:
         span = mask.shape[-1]  # mask (B, 1, 1, span): attention reads the first span slots, not all of them
         for cache, k, v in zip(caches_of(self.model), kv[0::2], kv[1::2]):  # the SlotCaches of a CompiledStep
-            cache.k, cache.v, cache.slot, cache.span = k, v, slot, span  # (B, H, L + 1, Dh) each
+            cache.k, cache.v, cache.slot, cache.span = k, v, slot, span  # (B, H, L + 1, d_k | d_v) each
         return self.model(tokens, mask=mask, positions=positions)  # (B, 1, V)
 
 
@@ -163,19 +163,19 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
     check_can_compile(torch.device("cpu"))
     from torch._inductor import aoti_compile_and_package  # here only: 2.7 s to import, which loading never pays
     t0 = time.perf_counter()
-    context = model.cfg.max_len
+    max_len = model.cfg.max_len
     start_decoding(model, batch, cache_slots(model), packed=False)
     try:
         step = CompiledStep(model, torch.ones(batch, 1, dtype=torch.bool))  # the transformation only
         try:
             kv = [t for c in caches_of(model) for t in (c.k, c.v)]
             # The mask contiguous, as LoadedStep passes it: the package's code takes the example's strides
-            # (a view of `visible` would have rows context + 1 apart, where the step's are span apart).
-            mask = step.visible[:, None, None, :context].contiguous()  # (B, 1, 1, span)
+            # (a view of `visible` would have rows max_len + 1 apart, where the step's are span apart).
+            mask = step.visible[:, None, None, :max_len].contiguous()  # (B, 1, 1, span)
             example = (torch.zeros(batch, 1, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long), mask,
                        step.slot, *kv)
-            # Every size fixed but the span: from the first step after a one-token prompt to the context.
-            span = {3: torch.export.Dim("span", min=2, max=context)}
+            # Every size fixed but the span: from the first step after a one-token prompt to max_len.
+            span = {3: torch.export.Dim("span", min=2, max=max_len)}
             with warnings.catch_warnings():  # torch's own deprecations inside export, nothing the user can act on
                 warnings.simplefilter("ignore", FutureWarning)
                 exported = torch.export.export(_Step(model), example, strict=False,

@@ -36,7 +36,7 @@ from torch import Tensor
 from qkv.config import ALPHA, BEAM, EXTRA
 from qkv.errors import ConfigError
 from qkv.accel.kernels import end_decoding, start_decoding
-from qkv.modules.masks import padding_mask
+from qkv.modules.attention import padding_mask
 
 
 class Hypothesis(NamedTuple):

@@ -62,10 +62,6 @@ class Completer:
         return cls(quantized(model, quantize) if quantize else model, tokenizer, start_text=run.start_text,
                    compile=compile)
 
-    @property
-    def context(self) -> int:
-        return self.model.cfg.max_len
-
     def encode_prompt(self, prompt: str) -> list[int]:
         """Token ids of ``prompt``; an empty prompt becomes the start text's ids, or ``<bos>``."""
         if not isinstance(prompt, str):
@@ -81,11 +77,12 @@ class Completer:
     def _check(self, n_prompt: int, max_new_tokens: int, sliding_window: bool) -> None:
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not sliding_window and n_prompt + max_new_tokens > self.context:
+        max_len = self.model.cfg.max_len
+        if not sliding_window and n_prompt + max_new_tokens > max_len:
             raise InputTooLongError(
                 f"the prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of "
-                f"{self.context} tokens; shorten the prompt, ask for fewer tokens, or use a sliding window "
-                "(--sliding-window)", index=0, n_tokens=n_prompt, limit=self.context - max_new_tokens)
+                f"{max_len} tokens; shorten the prompt, ask for fewer tokens, or use a sliding window "
+                "(--sliding-window)", index=0, n_tokens=n_prompt, limit=max_len - max_new_tokens)
 
     def _generator(self, seed: int | None) -> torch.Generator | None:
         return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)

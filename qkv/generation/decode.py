@@ -89,12 +89,12 @@ def generate(
         prompts = [list(prompts[0])[-model.cfg.max_len:]]  # the window the model sees first
     ids, real = left_pad(prompts, pad_id, device)  # (B, T) each
     b, t = ids.shape
-    context = model.cfg.max_len
+    max_len = model.cfg.max_len
     total = t + max_new_tokens
-    if total > context and not sliding_window:
+    if total > max_len and not sliding_window:
         raise ValueError(
             f"prompt of {t} tokens + {max_new_tokens} new tokens = {total} exceeds the model's context "
-            f"of {context} positions; shorten the prompt or ask for fewer tokens"
+            f"of {max_len} positions; shorten the prompt or ask for fewer tokens"
         )
     how, package = policy.choose(max_new_tokens, b) if use_cache else ("eager", None)
     was_training = model.training
@@ -113,7 +113,7 @@ def generate(
         # the graph is specialised to the caches' length, and one length lets later generations reuse it (a
         # cache of `total` positions compiled anew, seconds, for every other length). A package's step was
         # built for caches of cache_slots.
-        cache_len = {"loaded": cache_slots(model), "compiled": context}.get(how, min(total, context))
+        cache_len = {"loaded": cache_slots(model), "compiled": max_len}.get(how, min(total, max_len))
         with decoding(model, b, cache_len, packed=how == "eager") if use_cache else contextlib.nullcontext():
             seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
             for i in range(max_new_tokens):
@@ -122,8 +122,8 @@ def generate(
                     logits = step(step_in, step_pos, t + i - 1)
                 elif cached:  # prefill the prompt once, then feed one position per step
                     logits = model(step_in, mask=mask, positions=step_pos if padded else None)
-                elif sliding_window:  # the window is full: the last `context` tokens, recomputed
-                    logits = model(seq[:, -context:])
+                elif sliding_window:  # the window is full: the last `max_len` tokens, recomputed
+                    logits = model(seq[:, -max_len:])
                 else:  # recompute the whole prefix (slow; the reference the cache is tested against)
                     later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
                     all_pos = torch.cat([positions, later], 1)
@@ -140,7 +140,7 @@ def generate(
                         break
                 if not use_cache or sliding_window:  # what a recomputing step reads
                     seq = torch.cat([seq, tok[:, None]], dim=1)
-                if cached and t + i == context:  # a sliding window's cache is full: recompute from here on
+                if cached and t + i == max_len:  # a sliding window's cache is full: recompute from here on
                     model.clear_cache()
                     if step is not None:
                         step.close()

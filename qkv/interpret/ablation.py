@@ -64,8 +64,8 @@ def heads_off(model: nn.Module, heads: Iterable[Head]) -> Iterator[nn.Module]:
     for place, off in chosen.items():
         module = places[place]
 
-        def zero_heads(_out_proj: nn.Module, args: tuple[Tensor, ...], off=sorted(off), width=module.head_dim):
-            x = args[0].clone()  # (B, T, H * Dh) or (N, H * Dh) packed: the heads side by side on the last axis
+        def zero_heads(_out_proj: nn.Module, args: tuple[Tensor, ...], off=sorted(off), width=module.d_v):
+            x = args[0].clone()  # (B, T, H * d_v) or (N, H * d_v) packed: the heads side by side on the last axis
             for h in off:
                 x[..., h * width:(h + 1) * width] = 0
             return (x,) + args[1:]

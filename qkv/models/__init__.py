@@ -24,7 +24,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
     """
     t = seq_len or cfg.max_len
     d, f = cfg.d_model, cfg.d_ff
-    qk = cfg.n_heads * cfg.key_dim  # the width of the queries and keys: d_model unless d_k is set
+    d_k, _ = cfg.head_sizes
+    qk = cfg.n_heads * d_k  # the width of the queries and keys: d_model unless d_k is set
     ff = (3 if cfg.activation == "swiglu" else 2) * d * f
     attn_proj = 2 * d * qk + 2 * d * d  # W^Q, W^K; W^V, W^O
     attn_scores = t * qk + t * d  # q.k and w.v multiply-adds per query

@@ -26,7 +26,8 @@ class GPT(nn.Module):
             raise ValueError(f"GPT needs a config with arch='gpt', got {cfg.arch!r}")
         self.cfg = cfg
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.key_dim, cfg.max_len, cfg.rope_base)
+        d_k, _ = cfg.head_sizes
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, d_k, cfg.max_len, cfg.rope_base)
         self.rope = rope
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross_attention=False, rope=rope) for _ in range(cfg.n_layers))

@@ -8,8 +8,8 @@ from torch import Tensor, nn
 
 from qkv.config import ModelConfig
 from qkv.modules import kv_cache
+from qkv.modules.attention import padding_mask
 from qkv.modules.layers import DecoderLayer, EncoderLayer
-from qkv.modules.masks import padding_mask
 from qkv.modules.packing import UNPACKED, Layout, packing_for
 from qkv.modules.positional import build_positional
 
@@ -31,7 +31,8 @@ class Transformer(nn.Module):
             raise ValueError(f"Transformer needs a config with arch='transformer', got {cfg.arch!r}")
         self.cfg = cfg
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.key_dim, cfg.max_len, cfg.rope_base)
+        d_k, _ = cfg.head_sizes
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, d_k, cfg.max_len, cfg.rope_base)
         self.rope = rope
         # "We apply dropout to the sums of the embeddings and the positional encodings in both the
         # encoder and decoder stacks" (Section 5.4).

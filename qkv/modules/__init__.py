@@ -1,10 +1,19 @@
-"""The Transformer's building blocks: attention, masks, KV cache, positions, feed-forward, layers."""
+"""The Transformer's building blocks, a file for each of the paper's parts: attention and its masks (Section 3.2),
+the layers and their feed-forward network (3.1, 3.3), positions (3.5); and what decoding and fine-tuning add to
+them: the KV cache, the packed layout of real tokens, LoRA."""
 
-from qkv.modules.attention import Attention, CrossAttention, SelfAttention, scaled_dot_product_attention
-from qkv.modules.feed_forward import FeedForward
+from qkv.modules.attention import (
+    Attention,
+    CrossAttention,
+    SelfAttention,
+    causal_mask,
+    combine,
+    lengths_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
 from qkv.modules.kv_cache import KVCache, StaticKV
-from qkv.modules.layers import DecoderLayer, EncoderLayer, Sublayer
-from qkv.modules.masks import causal_mask, combine, lengths_mask, padding_mask
+from qkv.modules.layers import DecoderLayer, EncoderLayer, FeedForward, Sublayer
 from qkv.modules.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,

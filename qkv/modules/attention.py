@@ -1,4 +1,4 @@
-"""Scaled dot-product attention and multi-head attention (Sections 3.2.1 and 3.2.2), self and cross.
+"""Attention (Section 3.2): scaled dot-product attention, its masks, and multi-head attention, self and cross.
 
 Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
@@ -12,6 +12,8 @@ queries come from the decoder and whose keys and values come from the encoder ou
 with RoPE when the model uses it, and appends each decoding step to its KV cache. Cross-attention
 (:class:`CrossAttention`) projects the queries with W^Q and the source with [W^K; W^V], whose
 keys and values a decoding step computes once per source and the hypotheses of a beam share.
+
+Masks are built here and nowhere else: boolean, True = may attend, broadcast against the scores (B, H, T, L).
 """
 
 from __future__ import annotations
@@ -25,9 +27,82 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.modules.kv_cache import KVCache, StaticKV
-from qkv.modules.masks import causal_mask, check_mask, combine
 from qkv.modules.packing import UNPACKED, Layout
 from qkv.modules.positional import RotaryEmbedding
+
+# Masks: "masking out (setting to -inf) all values in the input of the softmax which correspond to illegal
+# connections" (Section 3.2.3). A padding mask is (B, 1, 1, L), a causal mask (1, 1, T, L), their
+# combination (B, 1, T, L).
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Keys that are real tokens, not padding.
+
+    Args:
+        tokens: (B, L) token ids.
+        pad_id: the padding id.
+
+    Returns:
+        (B, 1, 1, L) bool, True where the key is not padding.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"padding_mask: expected token ids of shape (B, L), got {tuple(tokens.shape)}")
+    return (tokens != pad_id)[:, None, None, :]  # (B, 1, 1, L)
+
+
+def lengths_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """Keys before each sequence's length: (B,) lengths -> (B, 1, 1, max_len) bool."""
+    positions = torch.arange(max_len, device=lengths.device)
+    return (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, L)
+
+
+def causal_mask(t: int, l: int | None = None, offset: int = 0, device: torch.device | str | None = None) -> Tensor:
+    """Each query sees only keys at or before its own position (Section 3.2.3: "prevent leftward
+    information flow in the decoder").
+
+    With a KV cache the T new queries sit at absolute positions offset .. offset+T-1 and the L keys at
+    0 .. L-1, so query i may attend key j iff j <= offset + i.
+
+    Args:
+        t: number of queries T.
+        l: number of keys L (default offset + t).
+        offset: absolute position of the first query (the cache length before this step).
+
+    Returns:
+        (1, 1, T, L) bool.
+    """
+    l = offset + t if l is None else l
+    q_pos = torch.arange(offset, offset + t, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(l, device=device)[None, :]  # (1, L)
+    return (k_pos <= q_pos)[None, None]  # (1, 1, T, L)
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of broadcastable masks, skipping None; None if all are None."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out & m
+    return out
+
+
+def check_mask(mask: Tensor, batch: int, t: int, l: int) -> None:
+    """Raise a clear error unless ``mask`` is a bool tensor broadcastable to (B, H, T, L)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention mask must be torch.bool (True = may attend), got {mask.dtype}")
+    if mask.dim() != 4:
+        raise ValueError(
+            f"attention mask must have 4 dims broadcastable to (B, H, T, L) = ({batch}, H, {t}, {l}), "
+            f"got shape {tuple(mask.shape)}"
+        )
+    b, _, mt, ml = mask.shape
+    if b not in (1, batch) or mt not in (1, t) or ml != l:
+        raise ValueError(
+            f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, L) = "
+            f"({batch}, H, {t}, {l}); expected (B or 1, 1 or H, T or 1, L)"
+        )
+
 
 # While set (by qkv.interpret.capture), every attention module computes its weights explicitly and
 # hands them to this callable. Nothing is computed or stored when it is None.
@@ -48,8 +123,8 @@ def scaled_dot_product_attention(
     """softmax(q k^T / sqrt(d_k)) v, with a boolean mask (True = may attend).
 
     Args:
-        q: (B, H, T, Dh) queries.
-        k, v: (B, H, L, Dh) keys and values.
+        q: (B, H, T, d_k) queries.
+        k, v: (B, H, L, d_k) keys and (B, H, L, d_v) values.
         mask: bool, broadcastable to (B, H, T, L).
         is_causal: also forbid keys after each query. The T queries are taken to be the *last* T of
             the L positions (so this is right with a KV cache, where T < L).
@@ -57,7 +132,7 @@ def scaled_dot_product_attention(
         need_weights: use the explicit path and return the weights (B, H, T, L).
 
     Returns:
-        (output (B, H, T, Dh), weights or None). A query whose keys are all masked gets zeros
+        (output (B, H, T, d_v), weights or None). A query whose keys are all masked gets zeros
         (output and weights), never NaN.
     """
     t, l = q.shape[-2], k.shape[-2]
@@ -80,7 +155,7 @@ def scaled_dot_product_attention(
             # A fully masked row is softmax of all -inf = NaN; define it as "attend to nothing".
             weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-        return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, L)
+        return dropped @ v, weights  # (B, H, T, d_v), (B, H, T, L)
     # SDPA itself gives zeros for a query whose keys are all masked (since torch 2.5; the pinned 2.13
     # does, and tests/modules/test_attention.py holds it to that), so no second pass is needed here.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -109,8 +184,8 @@ class Attention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads  # head_dim: d_v
-        self.d_k = d_k or self.head_dim
+        self.d_model, self.n_heads, self.d_v = d_model, n_heads, d_model // n_heads
+        self.d_k = d_k or self.d_v
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         self.dropout = dropout
 
@@ -126,7 +201,7 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
                groups: int = 1) -> tuple[Tensor, Tensor | None]:
-        """The heads' attention, (B, H, T, Dh), and the weights when asked for or observed.
+        """The heads' attention, (B, H, T, d_v), and the weights when asked for or observed.
 
         ``groups``: q holds g rows of queries per row of k and v, as g * T queries (a beam's
         hypotheses share their source); the result comes back one row per query row.
@@ -136,16 +211,16 @@ class Attention(nn.Module):
                                    dropout_p=self.dropout if self.training else 0.0,
                                    need_weights=need_weights or observer is not None)
         if groups > 1:  # back to one row per query row
-            out = _ungroup(out, groups)  # (B, H, T, Dh)
+            out = _ungroup(out, groups)  # (B, H, T, d_v)
             weights = None if weights is None else _ungroup(weights, groups)  # (B, H, T, S)
         if observer is not None:
             observer(self, weights)
         return out, (weights if need_weights else None)
 
     def merge_heads(self, out: Tensor, layout: Layout) -> Tensor:
-        """(B, H, T, Dh) -> W^O of the heads concatenated: (B, T, D), or (N, D) in a packed layout."""
+        """(B, H, T, d_v) -> W^O of the heads concatenated: (B, T, D), or (N, D) in a packed layout."""
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, H * Dh)
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, H * d_v)
         return self.out_proj(layout.pack(out))
 
 
@@ -167,8 +242,7 @@ class SelfAttention(Attention):
         self.cache: KVCache | None = None
 
     def setup_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.cache = KVCache(batch_size, self.n_heads, max_len, self.head_dim, dtype=dtype, device=device,
-                             key_dim=self.d_k)
+        self.cache = KVCache(batch_size, self.n_heads, max_len, self.d_v, dtype=dtype, device=device, d_k=self.d_k)
 
     @property
     def cached(self) -> int:
@@ -204,7 +278,7 @@ class SelfAttention(Attention):
             q = self.rope(q, offset=self.cached, positions=positions)
             k = self.rope(k, offset=self.cached, positions=positions)
         if self.cache is not None:
-            k, v = self.cache.update(k, v)  # (B, H, cached + T, Dh)
+            k, v = self.cache.update(k, v)  # (B, H, cached + T, d_k | d_v)
         out, weights = self.attend(q, k, v, mask, is_causal, need_weights)
         return self.merge_heads(out, layout), weights
 
@@ -291,4 +365,5 @@ class CrossAttention(Attention):
                 state_dict[f"{prefix}kv_proj.{part}"] = old[self.d_model:]
 
 
-__all__ = ["scaled_dot_product_attention", "attention_observer", "Attention", "SelfAttention", "CrossAttention"]
+__all__ = ["padding_mask", "lengths_mask", "causal_mask", "combine", "check_mask", "scaled_dot_product_attention",
+           "attention_observer", "Attention", "SelfAttention", "CrossAttention"]

@@ -17,18 +17,18 @@ from torch import Tensor
 class KVCache:
     """Keys and values of one attention layer, for ``max_len`` positions.
 
-    Buffers are (B, H, max_len, Dh) (keys: (B, H, max_len, d_k) when ``key_dim`` differs); ``length``
+    Buffers are (B, H, max_len, d_v) (keys: (B, H, max_len, d_k) when ``d_k`` differs); ``length``
     positions are filled. A plain object, not an
     ``nn.Module``: it lives for one generation on the device it is made for, and a module's attribute
     machinery (every ``self.k = ...``, every ``attention.cache`` lookup) cost beam search 2% of its time.
     """
 
-    def __init__(self, batch_size: int, n_heads: int, max_len: int, head_dim: int,
+    def __init__(self, batch_size: int, n_heads: int, max_len: int, d_v: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                 key_dim: int | None = None) -> None:
-        shape = (batch_size, n_heads, max_len, head_dim)
+                 d_k: int | None = None) -> None:
+        shape = (batch_size, n_heads, max_len, d_v)
         # The allocation, and the rows in use (its first ones; ``reorder`` may narrow and widen them).
-        self._k = torch.zeros((*shape[:3], key_dim or head_dim), dtype=dtype, device=device)
+        self._k = torch.zeros((*shape[:3], d_k or d_v), dtype=dtype, device=device)
         self._v = torch.zeros(shape, dtype=dtype, device=device)
         self.k, self.v = self._k, self._v
         self.max_len = max_len
@@ -46,16 +46,16 @@ class KVCache:
         """Append the new positions' keys and values; return all cached ones.
 
         Args:
-            k, v: (B, H, T, Dh) for the T new positions.
+            k, v: (B, H, T, d_k) and (B, H, T, d_v) for the T new positions.
 
         Returns:
-            (B, H, length + T, Dh) keys and values (views of the buffers).
+            (B, H, length + T, d_k | d_v) keys and values (views of the buffers).
         """
-        b, h, t, dh = k.shape
-        if (b, h, dh) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+        b, h, t, d_k = k.shape
+        if (b, h, d_k) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
             raise ValueError(
                 f"KVCache.update: got keys of shape {tuple(k.shape)}, the cache holds "
-                f"(B, H, *, Dh) = ({self.k.shape[0]}, {self.k.shape[1]}, *, {self.k.shape[3]})"
+                f"(B, H, *, d_k) = ({self.k.shape[0]}, {self.k.shape[1]}, *, {self.k.shape[3]})"
             )
         end = self.length + t
         if end > self.max_len:
@@ -92,7 +92,7 @@ class KVCache:
             # Only the filled positions, and the changed rows gathered before any is overwritten
             # (row a may take row b's past while row b takes row c's).
             for rows, allocated in ((self.k, self._k), (self.v, self._v)):
-                taken = rows[:, :, :n].index_select(0, indices[moved])  # (C, H, n, Dh)
+                taken = rows[:, :, :n].index_select(0, indices[moved])  # (C, H, n, d_k | d_v)
                 allocated[:, :, :n].index_copy_(0, moved, taken)
         self.k, self.v = self._k[:m], self._v[:m]
 

@@ -79,35 +79,35 @@ class RotaryEmbedding(nn.Module):
     the embeddings.
     """
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0) -> None:
+    def __init__(self, d_k: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()
         self.max_len = max_len
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # (Dh/2,)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, Dh/2)
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k))  # (d_k/2,)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, d_k/2)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        """Rotate x: (B, H, T, Dh) at positions offset.. (or explicit (B, T) positions)."""
+        """Rotate x: (B, H, T, d_k) at positions offset.. (or explicit (B, T) positions)."""
         t = x.shape[-2]
         if positions is not None:
-            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, T, Dh/2)
+            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, T, d_k/2)
         else:
             _check_length("rotary embedding", offset, t, self.max_len)
-            cos, sin = self.cos[offset:offset + t], self.sin[offset:offset + t]  # (T, Dh/2)
-        x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, Dh/2, 2)
-        return out.flatten(-2).type_as(x)  # (B, H, T, Dh)
+            cos, sin = self.cos[offset:offset + t], self.sin[offset:offset + t]  # (T, d_k/2)
+        x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, d_k/2) each
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, d_k/2, 2)
+        return out.flatten(-2).type_as(x)  # (B, H, T, d_k)
 
 
-def build_positional(positional: str, d_model: int, head_dim: int, max_len: int, rope_base: float = 10000.0):
+def build_positional(positional: str, d_model: int, d_k: int, max_len: int, rope_base: float = 10000.0):
     """The positional scheme of a config: (module added to the embeddings or None, rotary or None)."""
     if positional == "sinusoidal":
         return SinusoidalPositionalEncoding(d_model, max_len), None
     if positional == "learned":
         return LearnedPositionalEmbedding(d_model, max_len), None
     if positional == "rope":
-        return None, RotaryEmbedding(head_dim, max_len, rope_base)
+        return None, RotaryEmbedding(d_k, max_len, rope_base)
     if positional == "none":
         return None, None
     raise ValueError(f"unknown positional encoding {positional!r}; expected sinusoidal, learned, rope or none")

@@ -8,7 +8,7 @@ from qkv.config import preset
 from qkv.generation.beam import (_best_continuations, _stay_in_place, _survivors, beam_search, greedy_search,
                                 length_penalty, max_new_tokens)
 from qkv.models.transformer import Transformer
-from qkv.modules.masks import padding_mask
+from qkv.modules.attention import padding_mask
 
 BOS, EOS, PAD = 1, 2, 0
 V = 24

@@ -19,7 +19,7 @@ def columns_zeroed(model, kind, layer, head):
     twin = copy.deepcopy(model)
     places = {place: m for m in twin.modules() for i, place in attention_modules(twin).items() if id(m) == i}
     module = places[kind, layer]
-    width = module.head_dim
+    width = module.d_v
     with torch.no_grad():
         module.out_proj.weight[:, head * width:(head + 1) * width] = 0
     return twin

@@ -3,7 +3,7 @@ import torch
 
 from qkv import ModelConfig, Transformer, preset
 from qkv.models import count_parameters
-from qkv.modules.masks import padding_mask
+from qkv.modules.attention import padding_mask
 
 
 def small_cfg(**kw):

@@ -3,8 +3,7 @@ import math
 import pytest
 import torch
 
-from qkv.modules.attention import CrossAttention, SelfAttention, scaled_dot_product_attention
-from qkv.modules.masks import causal_mask, combine, padding_mask
+from qkv.modules.attention import CrossAttention, SelfAttention, causal_mask, combine, padding_mask, scaled_dot_product_attention
 
 
 def rand_qkv(b=2, h=3, t=5, l=7, dh=8):

@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from qkv.config import ModelConfig
-from qkv.modules.feed_forward import FeedForward
-from qkv.modules.layers import DecoderLayer, EncoderLayer
+from qkv.modules.layers import DecoderLayer, EncoderLayer, FeedForward
 
 
 def test_feed_forward_is_position_wise():

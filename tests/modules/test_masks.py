@@ -1,6 +1,6 @@
 import torch
 
-from qkv.modules.masks import causal_mask, combine, lengths_mask, padding_mask
+from qkv.modules.attention import causal_mask, combine, lengths_mask, padding_mask
 
 
 def test_padding_mask():

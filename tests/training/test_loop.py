@@ -180,7 +180,7 @@ def test_the_launcher_hands_torchrun_the_command_without_itself():
 
 def test_a_resume_names_each_fixed_setting_it_would_change_and_skips_what_an_older_record_lacks():
     saved = {"model.d_model": 128, "data.split": "position"}
-    check_same_run(saved, {**saved, "model.head_dim": 32})  # a setting added since the run was written
+    check_same_run(saved, {**saved, "model.rope_scale": 32})  # a setting added since the run was written
     with pytest.raises(ConfigError, match=r"model.d_model=64 \(the run's: 128\); data.split='documents' \(the run's: "
                                           r"'position'\) would make it another run"):
         check_same_run(saved, {"model.d_model": 64, "data.split": "documents"})
