@@ -1,6 +1,6 @@
 """The Transformer's building blocks, a file for each of the paper's parts: attention and its masks (Section 3.2),
-the layers and their feed-forward network (3.1, 3.3), positions (3.5); and what decoding and fine-tuning add to
-them: the KV cache, the packed layout of real tokens, LoRA."""
+the layers and their feed-forward network (3.1, 3.3), positions (3.5); and what decoding, padded batches and
+fine-tuning add to them: the KV cache, the packed layout of real tokens, LoRA."""
 
 from qkv.modules.attention import (
     Attention,
