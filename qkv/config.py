@@ -26,6 +26,10 @@ BEAM = 4
 ALPHA = 0.6
 EXTRA = 50
 MAX_TOKENS = 4000
+# Sampling a GPT, written once for `qkv generate`, the Completer and qkv.generate: 200 new tokens at
+# temperature 0.8, as nanoGPT's sample.py, so that the same seed continues a prompt alike in all three.
+NEW_TOKENS = 200
+TEMPERATURE = 0.8
 
 
 @dataclass(frozen=True)

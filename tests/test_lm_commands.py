@@ -12,6 +12,8 @@ import qkv.cli
 from qkv.accel.compiled import cpu_compiler_available
 from qkv.cli.common import command_group
 from qkv.cli.lm import register
+from qkv.generation.completer import Completer
+from qkv.generation.decode import generate
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n") * 20
 
@@ -54,6 +56,18 @@ def test_generate_streams_the_prompt_and_its_continuation(run, capsys):
     assert out.startswith("All:") and out.endswith("\n") and len(out) > len("All:\n")
     assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "12", "--seed", "1"]) == 0
     assert capsys.readouterr().out == out
+
+
+def test_the_command_the_completer_and_generate_sample_alike_by_default(run, capsys):
+    """One default temperature (qkv.config.TEMPERATURE): the same seed continues a prompt alike in all three."""
+    assert qkv.cli.main(["generate", "--run", str(run), "All:", "-n", "20", "--seed", "3"]) == 0
+    printed = capsys.readouterr().out.removeprefix("All:").removesuffix("\n")
+    completer = Completer.from_run(run)
+    assert completer.complete("All:", max_new_tokens=20, seed=3) == printed
+    tokenizer = completer.tokenizer
+    new = generate(completer.model, [tokenizer.encode("All:")], 20, eos_id=tokenizer.eos_id,
+                   generator=torch.Generator().manual_seed(3))[0]
+    assert tokenizer.decode([t for t in new if t != tokenizer.eos_id]) == printed
 
 
 @pytest.mark.skipif(not cpu_compiler_available(),

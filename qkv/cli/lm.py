@@ -24,6 +24,7 @@ from qkv.cli.common import (
 from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
 from dataclasses import replace
+from qkv.config import NEW_TOKENS, TEMPERATURE
 from qkv.settings import recipe_names
 from qkv.data.lm import load_splits
 from qkv.evaluation.validation import evaluate_tokens
@@ -56,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "shell (--no-escape: as written).")
     p.add_argument("--run", "--run-dir", required=True, help="run directory of `qkv train lm` or `qkv finetune`")
     p.add_argument("prompt", nargs="?", help="text to continue ('' starts from the start token)")
-    p.add_argument("-n", "--max-new-tokens", type=positive_int, default=200)
-    p.add_argument("--temperature", type=finite_float, default=0.8, help="0 = greedy")
+    p.add_argument("-n", "--max-new-tokens", type=positive_int, default=NEW_TOKENS)
+    p.add_argument("--temperature", type=finite_float, default=TEMPERATURE, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=finite_float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=seed, default=None, help="makes sampling reproducible")

@@ -21,6 +21,7 @@ import torch
 
 from qkv.accel.policy import StepPolicy
 from qkv.accel.quantize import check_quantize, quantized
+from qkv.config import NEW_TOKENS, TEMPERATURE
 from qkv.errors import ConfigError
 from qkv.generation.api import InputError, InputTooLongError
 from qkv.generation.decode import generate
@@ -91,8 +92,8 @@ class Completer:
     def complete(
         self,
         prompt: str,
-        max_new_tokens: int = 200,
-        temperature: float = 1.0,
+        max_new_tokens: int = NEW_TOKENS,
+        temperature: float = TEMPERATURE,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
@@ -106,7 +107,8 @@ class Completer:
         Args:
             prompt: Text to continue; empty starts from the start text.
             max_new_tokens: Most tokens to generate.
-            temperature: 0 is greedy; otherwise sample from softmax(logits / temperature).
+            temperature: 0 is greedy; otherwise sample from softmax(logits / temperature) (by default 0.8,
+                ``qkv.config.TEMPERATURE``, as `qkv generate`).
             top_k: Sample among the k most likely tokens (0 or None: all).
             top_p: Sample within the smallest set of tokens whose probability reaches top_p, in (0, 1].
             seed: Makes sampling reproducible.
@@ -159,8 +161,8 @@ class Completer:
     def complete_batch(
         self,
         prompts: Sequence[str],
-        max_new_tokens: int = 200,
-        temperature: float = 1.0,
+        max_new_tokens: int = NEW_TOKENS,
+        temperature: float = TEMPERATURE,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,

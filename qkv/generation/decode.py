@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from qkv.accel.compiled import CompiledStep
+from qkv.config import TEMPERATURE
 from qkv.accel.kernels import decoding
 from qkv.accel.policy import StepPolicy
 from qkv.accel.precompiled import LoadedStep, cache_slots
@@ -39,7 +40,7 @@ def generate(
     model,
     prompts: Sequence[Sequence[int]] | Tensor,
     max_new_tokens: int,
-    temperature: float = 1.0,
+    temperature: float = TEMPERATURE,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_id: int | None = None,
@@ -56,7 +57,8 @@ def generate(
     Args:
         model: a ``GPT``.
         prompts: token-id lists (any lengths), or a (B, T) tensor of equal-length prompts.
-        temperature: 0 = greedy; otherwise softmax(logits / temperature) sampling.
+        temperature: 0 = greedy; otherwise softmax(logits / temperature) sampling (by default 0.8, as
+            everywhere: ``qkv.config.TEMPERATURE``).
         top_k, top_p: restrict sampling to the k most likely tokens / the nucleus of mass top_p.
         eos_id: a row stops after producing it (it is included in the output).
         use_cache: False recomputes the whole prefix every step (slow; for testing the cache).

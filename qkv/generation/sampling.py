@@ -39,7 +39,7 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-def next_token(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+def next_token(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
                generator: torch.Generator | None = None) -> Tensor:
     """Pick one token per row: (B, V) logits -> (B,) ids. Temperature 0 is greedy (argmax)."""
     if temperature == 0:
