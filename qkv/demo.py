@@ -24,7 +24,7 @@ from qkv.data.synthetic import SEED_SENTENCE, UNSEEN_EXAMPLES
 from qkv.generation.api import Translator
 from qkv.interpret.model_maps import translation_maps
 from qkv.interpret.plots import plot_attention
-from qkv.runs import one_writer
+from qkv.runs import CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, TOKENIZER_FILE, one_writer
 from qkv.files import write_json
 from qkv.training import recipes
 from qkv.training.train_mt import train
@@ -131,9 +131,9 @@ def run_demo(run_dir: str | Path = "runs/demo", seed: int | None = None, overrid
     print(f"Done in {wall / 60:.1f} minutes ({summary['train_seconds']:.0f} s of training, {summary['steps']} steps).")
     print(f"Everything is in {run_dir}/:")
     print(f"  {png.name:<28} cross-attention of the seed sentence, every head of every layer")
-    print(f"  {'curves.png':<28} training and validation loss, learning rate, BLEU")
-    print(f"  {'model.safetensors':<28} the weights; config.json and tokenizer.json beside them")
-    print(f"  {'metrics.jsonl':<28} every logged number; {RESULTS_JSON}: this summary")
+    print(f"  {CURVES_FILE:<28} training and validation loss, learning rate, BLEU")
+    print(f"  {MODEL_WEIGHTS_NAME:<28} the weights; {CONFIG_FILE} and {TOKENIZER_FILE} beside them")
+    print(f"  {METRICS_FILE:<28} every logged number; {RESULTS_JSON}: this summary")
     print()
     print("Try next:")
     commands = [(f"echo '小红饿了，她想回家。' | qkv translate --run {run_dir}", ""),

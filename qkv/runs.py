@@ -62,6 +62,7 @@ TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (train.logger: tens
 LAST = "last"  # the checkpoint an exact --resume continues from
 MODEL_WEIGHTS_NAME = "model.safetensors"  # the weights a run is used with
 BEST_WEIGHTS_NAME = "best.safetensors"
+AVERAGE_WEIGHTS_NAME = "average.safetensors"  # the average of the last checkpoints (translation)
 STEP_PREFIX = "step_"
 
 # The weights a run may hold, by name (``--weights NAME``); anything else is a path.

@@ -188,3 +188,32 @@ def test_the_naming_rule_catches_a_synonym(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(head_dim):\n    self.key_dim = head_dim\n    return cfg.block_size + hf.n_embd\n")
     assert {"head_dim", "key_dim", "block_size"} <= _identifiers(bad) and "n_embd" not in _identifiers(bad)
+
+
+# The run directory's file names (docs/ARCHITECTURE.md, "The run directory"): qkv/runs.py names them, with the
+# three it takes from the modules that write those files; every other module asks qkv.runs.
+RUN_FILES = {"config.json", "tokenizer.json", "tokenizer.bpe", "model.safetensors", "best.safetensors",
+             "average.safetensors", "last.pt", "last.safetensors", "metrics.jsonl", "results.json", "curves.png",
+             "pronouns.json", "pronouns.png", "finetune.json", "adapter.safetensors", "tokens.bin"}
+NAMED_WHERE_WRITTEN = {("tokenizers", "__init__.py"): "tokenizer.json", ("tokenizers", "gpt2.py"): "tokenizer.bpe",
+                       ("data", "lm.py"): "tokens.bin"}
+
+
+def _run_file_names(path: Path) -> list[tuple[int, str]]:
+    """``(line, name)`` of every string in ``path`` that is exactly one of the run directory's file names."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_FILES]
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p != PACKAGE / "runs.py"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_runs_names_the_run_files(path):
+    allowed = NAMED_WHERE_WRITTEN.get(path.relative_to(PACKAGE).parts[-2:])
+    for line, name in _run_file_names(path):
+        assert name == allowed, f"{path.relative_to(PACKAGE)}:{line} names {name!r}: take it from qkv.runs"
+
+
+def test_the_run_file_rule_catches_a_name(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Reads last.pt."""\nresume = (run / "last.pt").is_file()\n')
+    assert _run_file_names(bad) == [(2, "last.pt")]

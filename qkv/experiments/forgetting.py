@@ -81,7 +81,7 @@ def prepare_base(out: Path, steps: int = BASE_STEPS, quiet: bool = True) -> Path
     task_text = out / "task_text.txt"
     pairs = load_pairs(TASK_TRAIN) + load_pairs(TASK_VALID) + load_pairs(TASK_TEST)
     write_text(task_text, "".join(p.prompt + p.response + "\n" for p in pairs))
-    resume = (base / "last.pt").is_file()
+    resume = Run(base).has_checkpoint
     recipe = load_run_recipe(base) if resume else base_recipe(task_text, steps)
     train_lm(recipe, base, resume=resume, overwrite=not resume, quiet=quiet)
     return base

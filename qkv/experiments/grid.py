@@ -25,6 +25,7 @@ from qkv import locks
 from qkv.devices import cpu_identity
 from qkv.errors import QkvError
 from qkv.files import read_json, write_json
+from qkv.runs import Run
 
 SIDE_BY_SIDE = locks.LOCKS  # whether workers can share a grid here (POSIX file locks keep them apart)
 
@@ -147,7 +148,7 @@ def run_grid(variants: Sequence[Variant], out: str | Path, results: str | Path,
             if not mine or result_path(results, variant).is_file():  # another worker has it, or just did it
                 continue
             run = out / variant.name
-            resume = (run / "last.pt").is_file()
+            resume = Run(run).has_checkpoint
             log(f"{variant.name}: {'resuming' if resume else 'training'} ({' '.join(variant.overrides) or 'base'})")
             start = time.perf_counter()
             result = train_and_score(variant, run, resume)

@@ -45,7 +45,9 @@ from qkv.devices import autocast, to_device
 from qkv.files import atomic_path, read_json, read_text_file, write_json
 from qkv.models.gpt import GPT
 from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge_lora
-from qkv.runs import ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, RESULTS_FILE, Run, one_writer, require_arch
+from qkv.runs import (
+    ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, METRICS_FILE, RESULTS_FILE, Run, one_writer, require_arch,
+)
 from qkv.training.lm_run import LMDataConfig, load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
@@ -466,7 +468,7 @@ def finetune(
     metrics.close()
     if plot and runtime.is_main:
         try:
-            plot_curves(out_dir / "metrics.jsonl", out_dir / CURVES_FILE)
+            plot_curves(out_dir / METRICS_FILE, out_dir / CURVES_FILE)
         except (ValueError, ImportError):
             pass
     return result

@@ -34,7 +34,7 @@ from qkv.evaluation.validation import estimate_loss, evaluate_tokens
 from qkv.devices import autocast, to_device
 from qkv.files import read_text_file
 from qkv.models.gpt import GPT
-from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, Run, one_writer
+from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, Run, one_writer
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
 from qkv.training.lm_run import LMDataConfig, LMRecipe, load_run_recipe
@@ -271,7 +271,7 @@ def train_lm(
     if not plot or not runtime.is_main:
         return result
     try:
-        plot_curves(run_dir / "metrics.jsonl", run_dir / CURVES_FILE)
+        plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
     except (ValueError, ImportError):  # nothing logged yet, or no matplotlib: the curves are optional
         pass
     return result

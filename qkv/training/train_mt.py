@@ -43,7 +43,7 @@ from qkv.files import write_json, write_text
 from qkv.parallel import SINGLE, Ranks
 from qkv.models.transformer import Transformer
 from qkv.runs import (
-    BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
+    AVERAGE_WEIGHTS_NAME, BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
     one_writer,
 )
 from qkv.tokenizers import load_tokenizer
@@ -354,7 +354,7 @@ def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwr
     for name, load in candidates.items():
         load()
         if name == "average" and runtime.is_main:  # kept: `--weights average` scores it beside the others
-            save_weights(run_dir / "average.safetensors", model,
+            save_weights(run_dir / AVERAGE_WEIGHTS_NAME, model,
                          metadata={"step": str(step), "averaged": str(len(steps_saved))})
         nll = translation_loss(model, valid_examples, d.max_tokens, tok, tc.label_smoothing, device, ranks, amp)["nll"]
         metrics.log(step, "select", candidate=name, nll=nll)
