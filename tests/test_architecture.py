@@ -217,3 +217,39 @@ def test_the_run_file_rule_catches_a_name(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('"""Reads last.pt."""\nresume = (run / "last.pt").is_file()\n')
     assert _run_file_names(bad) == [(2, "last.pt")]
+
+
+# The optional libraries (docs/ARCHITECTURE.md, "Who may import whom"): reached through errors.require where they
+# are used, so that a missing one fails only the command that needs it, in one line naming the extra.
+OPTIONAL = ("transformers", "tiktoken", "ctranslate2", "torch.utils.tensorboard", "tensorboard")
+
+
+def _optional_imports(path: Path) -> list[str]:
+    """The optional libraries ``path`` imports with an import statement (``TYPE_CHECKING`` blocks aside)."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            names = ([child.module] if isinstance(child, ast.ImportFrom) and child.module else
+                     [a.name for a in child.names] if isinstance(child, ast.Import) else [])
+            found.extend(n for n in names if n == "torch.utils" and isinstance(child, ast.ImportFrom)
+                         and any(a.name == "tensorboard" for a in child.names) or n.startswith(OPTIONAL))
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_optional_libraries_are_required_where_used(path):
+    for module in _optional_imports(path):
+        raise AssertionError(f"{path.relative_to(PACKAGE)} imports {module}: reach it with qkv.errors.require")
+
+
+def test_the_optional_rule_catches_an_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    import tiktoken\n    from transformers import GPT2LMHeadModel\n"
+                   "    from torch.utils import tensorboard\n")
+    assert _optional_imports(bad) == ["tiktoken", "transformers", "torch.utils"]

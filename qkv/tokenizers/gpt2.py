@@ -32,9 +32,10 @@ ENDOFTEXT = "<|endoftext|>"
 GPT2_MERGEABLE = 50256  # GPT-2's ids 0 .. 50255 come from bytes and merges; 50256 is <|endoftext|>
 
 
-def _tiktoken():
+def _tiktoken(module: str = "tiktoken"):
+    """``tiktoken`` (or one of its modules, such as ``tiktoken_ext.openai_public``, GPT-2's encoding)."""
     require("tiktoken.load", "gpt2", "GPT-2's tokenizer")
-    return require("tiktoken", "gpt2", "GPT-2's tokenizer")
+    return require(module, "gpt2", "GPT-2's tokenizer", package="tiktoken")
 
 
 # The merges file is tiktoken's format, a token (base64) and its rank per line. tiktoken's own writer
@@ -71,9 +72,7 @@ class GPT2Tokenizer:
     @classmethod
     def from_tiktoken(cls) -> GPT2Tokenizer:
         """tiktoken's ``gpt2`` encoding (downloads its two files once; see the module docstring)."""
-        _tiktoken()
-        from tiktoken_ext import openai_public
-
+        openai_public = _tiktoken("tiktoken_ext.openai_public")
         try:
             return cls(openai_public.gpt2())
         except Exception as e:  # noqa: BLE001 - network and cache errors of every kind
@@ -92,7 +91,7 @@ class GPT2Tokenizer:
         another BPE would load but be the wrong tokenizer.
         """
         tiktoken = _tiktoken()
-        from tiktoken_ext.openai_public import r50k_pat_str
+        r50k_pat_str = _tiktoken("tiktoken_ext.openai_public").r50k_pat_str
 
         for path in (merges, vocab):
             if not Path(path).is_file():
