@@ -253,3 +253,21 @@ def test_the_optional_rule_catches_an_import(tmp_path):
     bad.write_text("def f():\n    import tiktoken\n    from transformers import GPT2LMHeadModel\n"
                    "    from torch.utils import tensorboard\n")
     assert _optional_imports(bad) == ["tiktoken", "transformers", "torch.utils"]
+
+
+def test_every_trainer_has_the_one_trainer_shape():
+    """(recipe, run_dir, *, resume, overwrite, quiet, ...) -> TrainResult (docs/ARCHITECTURE.md, "The training loop")."""
+    import inspect
+
+    from qkv.training.finetune import finetune
+    from qkv.training.train_lm import train_lm
+    from qkv.training.train_mt import train
+
+    for trainer in (train, train_lm, finetune):
+        params = list(inspect.signature(trainer).parameters.values())
+        assert [p.name for p in params[:2]] == ["recipe", "run_dir"], trainer.__qualname__
+        assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params[:2]), trainer.__qualname__
+        assert [(p.name, p.kind, p.default) for p in params[2:5]] == [
+            (name, inspect.Parameter.KEYWORD_ONLY, False) for name in ("resume", "overwrite", "quiet")
+        ], trainer.__qualname__
+        assert inspect.signature(trainer).return_annotation in ("TrainResult", "loop.TrainResult"), trainer.__qualname__
