@@ -256,7 +256,8 @@ def test_the_optional_rule_catches_an_import(tmp_path):
 
 
 def test_every_trainer_has_the_one_trainer_shape():
-    """(recipe, run_dir, *, resume, overwrite, quiet, ...) -> TrainResult (docs/ARCHITECTURE.md, "The training loop")."""
+    """(recipe, run_dir, *, resume, overwrite, quiet, ...) -> TrainResult (docs/ARCHITECTURE.md, "The training
+    loop")."""
     import inspect
 
     from qkv.training.finetune import finetune

@@ -26,7 +26,8 @@ class FeedForward(nn.Module):
     (Shazeer, 2020) as options.
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.activation = activation
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
