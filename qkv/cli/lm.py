@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ from qkv.cli.common import (
 )
 from qkv.cli.pipe import answer_each
 from qkv.training.distributed import add_launcher
-from dataclasses import replace
 from qkv.config import NEW_TOKENS, TEMPERATURE
 from qkv.settings import recipe_names
 from qkv.data.lm import load_splits
