@@ -31,8 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.accel.kernels import compiled_linear, step_linears
-from qkv.modules.attention import SelfAttention, scaled_dot_product_attention
-from qkv.modules.kv_cache import KVCache
+from qkv.modules.attention import KVCache, SelfAttention, scaled_dot_product_attention
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
 # consumes it (the erf of GELU 384 times over). Storing such results once made a step 2.7 ms instead
@@ -58,7 +57,7 @@ def check_can_compile(device: torch.device) -> None:
 
 
 class SlotCache(KVCache):
-    """A :class:`~qkv.modules.kv_cache.KVCache` for steps of fixed shapes: the one new position of a step is
+    """A :class:`~qkv.modules.attention.KVCache` for steps of fixed shapes: the one new position of a step is
     written at the slot a (1,) tensor names, and attention reads every slot, (B, H, max_len, d_k | d_v), or
     the first ``span`` of them, (B, H, span, d_k | d_v). Shapes that never change, so one compiled graph serves
     every step; the step's mask hides the slots not yet written, and ``length`` stays the prompt's.

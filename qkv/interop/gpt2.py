@@ -12,7 +12,7 @@ import torch
 from qkv.config import ModelConfig
 from qkv.errors import require
 from qkv.models.gpt import GPT
-from qkv.modules.positional import sinusoidal_table
+from qkv.modules.layers import sinusoidal_table
 
 # qkv name <- HF name within block i, and whether HF stores it as Conv1D (needs a transpose).
 _BLOCK_MAP = [

@@ -8,9 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules import kv_cache
-from qkv.modules.layers import DecoderLayer
-from qkv.modules.positional import build_positional
+from qkv.modules.attention import reorder_caches
+from qkv.modules.layers import DecoderLayer, build_positional
 
 
 class GPT(nn.Module):
@@ -88,7 +87,7 @@ class GPT(nn.Module):
 
     def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
         """Keep the rows ``indices`` of every cache (``sources``: for the encoder-decoder's signature; unused)."""
-        kv_cache.reorder([layer.self_attn.cache for layer in self.layers], [], indices)
+        reorder_caches([layer.self_attn.cache for layer in self.layers], [], indices)
 
     def clear_cache(self) -> None:
         """Remove the caches: the model computes every position again (training, scoring)."""

@@ -7,11 +7,9 @@ import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules import kv_cache
-from qkv.modules.attention import padding_mask
-from qkv.modules.layers import DecoderLayer, EncoderLayer
+from qkv.modules.attention import padding_mask, reorder_caches
+from qkv.modules.layers import DecoderLayer, EncoderLayer, build_positional
 from qkv.modules.packing import UNPACKED, Layout, packing_for
-from qkv.modules.positional import build_positional
 
 # Parameters runs saved before the two models named their parts alike (2026-12-03) call by other names.
 OLD_NAMES = {"embedding.weight": "token_embedding.weight", "generator.weight": "lm_head.weight"}
@@ -165,8 +163,8 @@ class Transformer(nn.Module):
 
     def reorder_cache(self, indices: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows ``indices`` (beam search's surviving hypotheses) and source rows ``sources``
-        (None: the sources stay; see :func:`qkv.modules.kv_cache.reorder`)."""
-        kv_cache.reorder([layer.self_attn.cache for layer in self.decoder_layers],
+        (None: the sources stay; see :func:`qkv.modules.attention.reorder_caches`)."""
+        reorder_caches([layer.self_attn.cache for layer in self.decoder_layers],
                          [layer.cross_attn.cache for layer in self.decoder_layers], indices, sources)
 
     def clear_cache(self) -> None:

@@ -1,4 +1,5 @@
-"""Attention (Section 3.2): scaled dot-product attention, its masks, and multi-head attention, self and cross.
+"""Attention (Section 3.2): scaled dot-product attention, its masks, multi-head attention, self and cross, and
+the keys and values it keeps while decoding (the KV cache).
 
 Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
@@ -20,15 +21,16 @@ from __future__ import annotations
 
 import math
 from contextvars import ContextVar
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.modules.kv_cache import KVCache, StaticKV
 from qkv.modules.packing import UNPACKED, Layout
-from qkv.modules.positional import RotaryEmbedding
+
+if TYPE_CHECKING:  # layers.py builds on this file; attention only calls the rotation it is given
+    from qkv.modules.layers import RotaryEmbedding
 
 # Masks: "masking out (setting to -inf) all values in the input of the softmax which correspond to illegal
 # connections" (Section 3.2.3). A padding mask is (B, 1, 1, L), a causal mask (1, 1, T, L), their
@@ -229,7 +231,7 @@ class SelfAttention(Attention):
     torch.nn.MultiheadAttention and GPT-2 store them, so one matrix multiply projects all three.
 
     With RoPE, queries and keys are rotated by their positions. In decoding, ``cache`` (a
-    :class:`~qkv.modules.kv_cache.KVCache`, installed by the model's ``setup_cache``) keeps the keys and
+    :class:`KVCache`, installed by the model's ``setup_cache``) keeps the keys and
     values of the positions already seen, so a step computes only its own.
     """
 
@@ -287,7 +289,7 @@ class CrossAttention(Attention):
     """Queries from the decoder (W^Q, ``q_proj``), keys and values from the encoder output (W^K and W^V
     stacked, ``kv_proj``).
 
-    In decoding, ``cache`` (a :class:`~qkv.modules.kv_cache.StaticKV`) holds the keys and values of the
+    In decoding, ``cache`` (a :class:`StaticKV`) holds the keys and values of the
     sources, computed at the first step and read at every later one. ``memory`` may hold one row per
     *group* of g consecutive query rows, (B / g, S, D): the g hypotheses of a beam share their source,
     so its keys and values are computed, stored and read once, and the group attends to them as
@@ -365,5 +367,144 @@ class CrossAttention(Attention):
                 state_dict[f"{prefix}kv_proj.{part}"] = old[self.d_model:]
 
 
+# What attention keeps while decoding. During generation the keys and values of past positions never
+# change, so each step computes K and V for its new positions only and appends them to a static,
+# preallocated cache; attention then costs one query against the cached prefix instead of recomputing
+# it (as gpt-fast and torchtune do). The buffers are allocated once (a model's ``setup_cache``), so
+# decoding allocates nothing per step: a KVCache in every self-attention of the decoder, a StaticKV in
+# every cross-attention; the encoder sees the whole source at once and has none.
+
+
+class KVCache:
+    """Keys and values of one attention layer, for ``max_len`` positions.
+
+    Buffers are (B, H, max_len, d_v) (keys: (B, H, max_len, d_k) when ``d_k`` differs); ``length``
+    positions are filled. A plain object, not an
+    ``nn.Module``: it lives for one generation on the device it is made for, and a module's attribute
+    machinery (every ``self.k = ...``, every ``attention.cache`` lookup) cost beam search 2% of its time.
+    """
+
+    def __init__(self, batch_size: int, n_heads: int, max_len: int, d_v: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 d_k: int | None = None) -> None:
+        shape = (batch_size, n_heads, max_len, d_v)
+        # The allocation, and the rows in use (its first ones; ``reorder`` may narrow and widen them).
+        self._k = torch.zeros((*shape[:3], d_k or d_v), dtype=dtype, device=device)
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = self._k, self._v
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[0]
+
+    def reset(self) -> None:
+        """Forget all positions (the buffers stay allocated)."""
+        self.length = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new positions' keys and values; return all cached ones.
+
+        Args:
+            k, v: (B, H, T, d_k) and (B, H, T, d_v) for the T new positions.
+
+        Returns:
+            (B, H, length + T, d_k | d_v) keys and values (views of the buffers).
+        """
+        b, h, t, d_k = k.shape
+        if (b, h, d_k) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+            raise ValueError(
+                f"KVCache.update: got keys of shape {tuple(k.shape)}, the cache holds "
+                f"(B, H, *, d_k) = ({self.k.shape[0]}, {self.k.shape[1]}, *, {self.k.shape[3]})"
+            )
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError(
+                f"KVCache is full: {self.length} cached + {t} new positions > max_len {self.max_len}; "
+                "set up the cache with a larger max_len"
+            )
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, indices: Tensor, moved: Tensor | None = None) -> None:
+        """Keep rows ``indices`` (M,) of the rows in use, e.g. the surviving hypotheses of a beam search step.
+
+        Beam search must reorder the cache along with the sequences, or a hypothesis would continue
+        from another's past. The rows are moved in place, any M up to the allocated batch size: fewer
+        rows when sentences finish, more when the first step's one row per sentence becomes its
+        hypotheses. Rows that keep their own past (``indices[i] == i``) are not touched: in a beam
+        search most hypotheses extend the one in their own row (beam search places them so), and
+        copying every row at every step cost it a tenth of its time.
+
+        ``moved``: :func:`moved_rows` of ``indices``, when the caller reorders many caches alike.
+        """
+        m, n = indices.shape[0], self.length
+        # More rows than allocated, or a cache that autograd follows (an in-place copy would rewrite
+        # what it saved): new buffers.
+        if m > self._k.shape[0] or (torch.is_grad_enabled() and self.k.requires_grad):
+            self._k, self._v = self.k.index_select(0, indices), self.v.index_select(0, indices)
+            self.k, self.v = self._k, self._v
+            return
+        moved = moved_rows(indices) if moved is None else moved  # (C,)
+        if moved.numel():
+            # Only the filled positions, and the changed rows gathered before any is overwritten
+            # (row a may take row b's past while row b takes row c's).
+            for rows, allocated in ((self.k, self._k), (self.v, self._v)):
+                taken = rows[:, :, :n].index_select(0, indices[moved])  # (C, H, n, d_k | d_v)
+                allocated[:, :, :n].index_copy_(0, moved, taken)
+        self.k, self.v = self._k[:m], self._v[:m]
+
+
+def moved_rows(indices: Tensor) -> Tensor:
+    """(C,) the rows i where ``indices[i] != i``: those whose past a reorder to ``indices`` changes."""
+    return (indices != torch.arange(indices.shape[0], device=indices.device)).nonzero().squeeze(1)
+
+
+class StaticKV:
+    """Cross-attention keys and values: computed once from the encoder output, reused every step.
+
+    A plain object, like :class:`KVCache`."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def filled(self) -> bool:
+        return self.k is not None
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        self.k, self.v = k, v
+
+    def reset(self) -> None:
+        self.k = self.v = None
+
+    def reorder(self, indices: Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, indices)
+            self.v = self.v.index_select(0, indices)
+
+
+def reorder_caches(self_caches: list[KVCache], cross_caches: list[StaticKV], indices: Tensor,
+            sources: Tensor | None = None) -> None:
+    """Keep the rows ``indices`` in every self-attention cache and ``sources`` in every cross-attention one.
+
+    Cross-attention caches hold the keys and values of the sources: one row per source, which beam
+    search shares among the hypotheses of a sentence (one row per decoder row in greedy search, where
+    ``sources`` and ``indices`` are the same). Hypotheses trading places within a sentence never change
+    its source, so ``sources=None`` leaves those caches as they are; they move only when sentences leave.
+    """
+    moved = moved_rows(indices)  # once for all the self-attention caches
+    for cache in self_caches:
+        cache.reorder(indices, moved)
+    if sources is not None:
+        for cache in cross_caches:
+            cache.reorder(sources)
+
+
 __all__ = ["padding_mask", "lengths_mask", "causal_mask", "combine", "check_mask", "scaled_dot_product_attention",
-           "attention_observer", "Attention", "SelfAttention", "CrossAttention"]
+           "attention_observer", "Attention", "SelfAttention", "CrossAttention", "KVCache", "StaticKV",
+           "moved_rows", "reorder_caches"]

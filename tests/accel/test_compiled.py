@@ -8,7 +8,7 @@ from qkv import GPT, preset
 from qkv.accel.compiled import CompiledStep, SlotCache, cpu_compiler_available
 from qkv.generation.completer import Completer
 from qkv.generation.decode import generate, left_pad
-from qkv.modules.kv_cache import KVCache
+from qkv.modules.attention import KVCache
 from qkv.tokenizers.char import CharTokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_compiler_available(),

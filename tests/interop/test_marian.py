@@ -31,7 +31,7 @@ def test_logits_match_with_padding_and_an_asymmetric_stack(activation):
 
 
 def test_the_reordering_puts_qkv_sines_where_marian_computes_them():
-    from qkv.modules.positional import sinusoidal_table
+    from qkv.modules.layers import sinusoidal_table
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
     marian = MarianSinusoidalPositionalEmbedding(40, 24).create_weight()

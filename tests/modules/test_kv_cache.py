@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from qkv import Transformer, preset
-from qkv.modules.kv_cache import KVCache
+from qkv.modules.attention import KVCache
 
 
 def test_update_appends_and_returns_prefix():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from qkv.modules.attention import SelfAttention
-from qkv.modules.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
+from qkv.modules.layers import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
 
 
 def test_sinusoidal_matches_the_paper_formula_and_is_bounded():
