@@ -7,6 +7,7 @@ imports this package (tests/test_architecture.py holds the rule).
   linear maps, self-attention and caches transformed for it and restored by ``close()``.
 - ``precompiled``: the same step compiled ahead of time (AOTInductor), kept in the user cache.
 - ``quantize``: a copy of a model with int8 linear maps.
-- ``policy``: the one rule that picks among eager, compiled and precompiled steps, for the Python API and
-  the command line alike.
+
+Which of them a GPT's generation runs is decided in one place, beside the one decoding loop that runs it:
+``qkv.generation.decode.StepPolicy``.
 """

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from qkv.accel.policy import COMPILE_AFTER, PRECOMPILED_AFTER
 from qkv.accel.precompiled import build_later
 from qkv.cli.common import (
     add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
@@ -29,6 +28,7 @@ from qkv.settings import recipe_names
 from qkv.data.lm import load_splits
 from qkv.evaluation.validation import evaluate_tokens
 from qkv.generation.completer import Completer
+from qkv.generation.decode import COMPILE_AFTER, PRECOMPILED_AFTER
 from qkv.devices import keep_freed_memory
 from qkv.files import read_text_file
 from qkv.runs import Run, load_model, require_arch

@@ -3,10 +3,10 @@
     completer = Completer.from_run("runs/shakespeare")
     completer.complete("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1, stream=sys.stdout)
 
-Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, with its default step policy
-(qkv.accel.policy); the Completer adds the text around it. An empty prompt starts from the run's start
-text (a newline for Shakespeare, as nanoGPT samples) or the ``<bos>`` token. A prompt that does not fit
-the context is an error, unless ``sliding_window``.
+Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, with its default step
+policy (:class:`~qkv.generation.decode.StepPolicy`); the Completer adds the text around it. An empty
+prompt starts from the run's start text (a newline for Shakespeare, as nanoGPT samples) or the ``<bos>``
+token. A prompt that does not fit the context is an error, unless ``sliding_window``.
 
 Streaming writes only text that is final: a byte-level token may end in the middle of a UTF-8
 character, and text that could be the start of a stop string is held back until it is not.
@@ -19,12 +19,11 @@ from typing import Any, Sequence, TextIO
 
 import torch
 
-from qkv.accel.policy import StepPolicy
 from qkv.accel.quantize import check_quantize, quantized
 from qkv.config import NEW_TOKENS, TEMPERATURE
 from qkv.errors import ConfigError
 from qkv.generation.api import InputError, InputTooLongError
-from qkv.generation.decode import generate
+from qkv.generation.decode import StepPolicy, generate
 from qkv.generation.sampling import check_sampling_args
 from qkv.devices import DEVICE_DEFAULT, model_device, resolve_device
 from qkv.runs import Run, load_model, require_arch
@@ -37,7 +36,7 @@ class Completer:
         model: A :class:`qkv.models.gpt.GPT` (put in eval mode here).
         tokenizer: Its tokenizer (``encode``, ``decode``, ``eos_id``, ``bos_id``).
         start_text: What an empty prompt starts from; ``""`` means the ``<bos>`` token.
-        compile: How decoding steps run (:class:`qkv.accel.policy.StepPolicy`, held as ``policy``): None (the
+        compile: How decoding steps run (:class:`qkv.generation.decode.StepPolicy`, held as ``policy``): None (the
             default) as every generation does by default, True compiled, False eager.
     """
 

@@ -1,4 +1,5 @@
-"""Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token.
+"""Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token, and the one
+rule for which step that is (:class:`StepPolicy`).
 
 "At each step the model is auto-regressive, consuming the previously generated symbols as additional
 input when generating the next" (Section 3). With the KV cache each step feeds only the newest token.
@@ -9,16 +10,17 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Callable, Literal, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from qkv.accel.compiled import CompiledStep
+from qkv.accel.compiled import CompiledStep, check_can_compile, cpu_compiler_available
+from qkv.accel.kernels import decoding, step_linears
+from qkv.accel.precompiled import LoadedStep, cache_slots, can_precompile, find, precompile
 from qkv.config import TEMPERATURE
-from qkv.accel.kernels import decoding
-from qkv.accel.policy import StepPolicy
-from qkv.accel.precompiled import LoadedStep, cache_slots
+from qkv.devices import model_device
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -65,7 +67,7 @@ def generate(
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         on_step: called with the (B,) new tokens after every step (for streaming); returning True stops the
             generation there (a stop string found).
-        compile: how the steps after the prompt run (:class:`qkv.accel.policy.StepPolicy`). None, the default
+        compile: how the steps after the prompt run (:class:`StepPolicy`, below). None, the default
             of every caller: a step compiled ahead of time where one was built for this model and batch size,
             torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
             prompt's steps compiled (2-3x faster on a CPU, after seconds of compiling); False: eager.
@@ -161,3 +163,86 @@ def generate(
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps
         rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]
     return rows
+
+
+# Which step a generation runs after its prompt: eager, compiled by torch.compile, or compiled ahead of time
+# and loaded from the user cache (qkv.accel offers the three; this rule picks, for qkv.generate, the
+# Completer and qkv generate alike). A compiled step runs a batch-1 token 2-3x faster than the eager one on a
+# CPU, but compiling costs seconds in every new process; a step compiled ahead of time loads in ~0.1 s, but
+# only where one was built for exactly these weights, this batch size and this machine. So, by default:
+#
+# - a package built for the model and the batch size runs from PRECOMPILED_AFTER new tokens on;
+# - otherwise one prompt's steps are compiled from COMPILE_AFTER new tokens on, on a CPU with a C++
+#   compiler, for a model whose steps run fp32 linear maps (not an int8 copy);
+# - otherwise the steps run eagerly, their weights laid out for this CPU's fastest kernels (qkv.accel.kernels).
+#
+# compile=True asks for torch.compile's step (one prompt), compile=False for eager steps only.
+
+# From how many new tokens of one prompt a generation compiles its decoding step by default (on a CPU with a
+# C++ compiler). Compiling costs ~12 s in a new process even with inductor's disk cache warm (33 s cold) and
+# saves ~5 ms a token at the nanoGPT config on a 2-core EPYC (docs/BENCHMARKS.md): it repays itself after
+# ~2,000 tokens.
+COMPILE_AFTER = 2048
+# From how many new tokens a generation runs the step compiled ahead of time, where one was built for the
+# model, the batch size and this machine: loading it takes ~0.1 s once a process, which the 2-3 ms it saves a
+# token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
+PRECOMPILED_AFTER = 32
+
+Step = Literal["eager", "compiled", "loaded"]
+
+
+class StepPolicy:
+    """The decoding step of ``model``'s generations: ``compile`` None (the rule above), True or False.
+
+    Raises ``ValueError`` at once where ``compile=True`` cannot be honoured (no C++ compiler for a CPU).
+    """
+
+    def __init__(self, model: nn.Module, compile: bool | None = None) -> None:
+        self.model, self.compile = model, compile
+        if compile:
+            check_can_compile(model_device(model))
+
+    def package(self, rows: int = 1) -> Path | None:
+        """The package of the model's step for ``rows`` prompts, if one was built on this machine for these
+        weights (looked for at every call: one built meanwhile, by a background build, is found)."""
+        return find(self.model, rows)
+
+    def precompile(self, rows: int = 1) -> tuple[Path, float]:
+        """Compile the model's step for ``rows`` prompts ahead of time, unless it was (qkv.accel.precompiled)."""
+        return precompile(self.model, rows)
+
+    def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs the step compiled ahead of time."""
+        return self._package_to_load(max_new_tokens, rows) is not None
+
+    def would_load(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether such a generation would run a step compiled ahead of time if one were built, and none is:
+        what ``qkv generate`` builds in the background."""
+        return (self.compile is None and max_new_tokens >= PRECOMPILED_AFTER and not self.loads(max_new_tokens, rows)
+                and can_precompile(self.model) and cpu_compiler_available())
+
+    def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
+        """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs torch.compile's step: one prompt
+        only (larger batches decode eagerly, where the weight products dominate)."""
+        return self._would_compile(max_new_tokens, rows) and not self.loads(max_new_tokens, rows)
+
+    def choose(self, max_new_tokens: int, rows: int = 1) -> tuple[Step, Path | None]:
+        """The step a generation runs, and the package it loads (None unless ``"loaded"``); the package is looked
+        for once."""
+        package = self._package_to_load(max_new_tokens, rows)
+        if package is not None:
+            return "loaded", package
+        return ("compiled", None) if self._would_compile(max_new_tokens, rows) else ("eager", None)
+
+    def _package_to_load(self, max_new_tokens: int, rows: int) -> Path | None:
+        """The package such a generation loads: by default, from PRECOMPILED_AFTER new tokens, where one was built."""
+        return self.package(rows) if self.compile is None and max_new_tokens >= PRECOMPILED_AFTER else None
+
+    def _would_compile(self, max_new_tokens: int, rows: int) -> bool:
+        """Whether such a generation runs torch.compile's step, unless a package runs instead."""
+        if rows != 1 or self.compile is False:
+            return False
+        if self.compile:
+            return True
+        return (max_new_tokens >= COMPILE_AFTER and model_device(self.model).type == "cpu"
+                and bool(step_linears(self.model)) and cpu_compiler_available())

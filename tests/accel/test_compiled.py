@@ -110,7 +110,7 @@ def test_a_compiled_generation_leaves_the_model_as_it_was():
 
 
 def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeypatch):
-    from qkv.accel import policy as P
+    from qkv.generation import decode as P
     from qkv.accel.quantize import quantized
 
     model, tok = GPT(preset("tiny-gpt")).eval(), CharTokenizer(list("abcdefgh \n"))
@@ -126,7 +126,7 @@ def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeyp
 
 
 def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tiny_lm_run, monkeypatch, capsys):
-    from qkv.accel import policy as P
+    from qkv.generation import decode as P
     from qkv.cli import main
 
     run = tiny_lm_run()

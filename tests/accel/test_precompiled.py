@@ -12,7 +12,7 @@ import torch
 from qkv import GPT, preset
 from qkv.accel import precompiled
 from qkv.accel.compiled import cpu_compiler_available
-from qkv.accel.policy import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.generation.decode import COMPILE_AFTER, PRECOMPILED_AFTER
 from qkv.accel.precompiled import PACKAGES_KEPT
 from qkv.generation import decode, generate
 from qkv.generation.completer import Completer
