@@ -13,7 +13,7 @@ import argparse
 import json
 import statistics
 
-from qkv.data.batching import padding_fraction, token_budget_batches
+from qkv.data.translation import padding_fraction, token_budget_batches
 from qkv.data.corpora import read_parallel
 
 

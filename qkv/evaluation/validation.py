@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.data.batching import eval_batches
+from qkv.data.translation import eval_batches
 from qkv.data.lm import windows_at
 from qkv.data.sft import SFTExample, collate
 from qkv.evaluation.losses import label_smoothed_nll, masked_nll

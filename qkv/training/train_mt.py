@@ -33,8 +33,9 @@ import torch
 from qkv.config import ALPHA, BEAM, MAX_TOKENS, ModelConfig
 from qkv.errors import ConfigError
 from qkv.settings import load_json, save_json
-from qkv.data.batching import BatchStream
-from qkv.data.translation import DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe
+from qkv.data.translation import (
+    BatchStream, DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe,
+)
 from qkv.evaluation.bleu import score
 from qkv.evaluation.validation import translation_loss
 from qkv.generation.api import Translator

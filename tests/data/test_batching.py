@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qkv.parallel import block
-from qkv.data.batching import (
+from qkv.data.translation import (
     BatchStream, collate, eval_batches, padding_fraction, token_budget_batches,
 )
 
