@@ -7,6 +7,7 @@ file and one inside a function are told apart, so a function-level import that d
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,57 @@ def test_every_trainer_has_the_one_trainer_shape():
             (name, inspect.Parameter.KEYWORD_ONLY, False) for name in ("resume", "overwrite", "quiet")
         ], trainer.__qualname__
         assert inspect.signature(trainer).return_annotation in ("TrainResult", "loop.TrainResult"), trainer.__qualname__
+
+
+# The files a reader opens (docs/ARCHITECTURE.md, "Following the data"): each table row is one file to open
+# (alternatives the run chooses among, joined by "or"), with the functions and classes the data passes through
+# there. Each must be defined where the row says, and each path must stay within the budget its heading gives.
+ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
+
+
+def _defined(path: Path) -> set[str]:
+    """The top-level functions and classes of ``path``, and ``Class.method`` for the methods of its classes."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names.update(f"{node.name}.{item.name}" for item in node.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return names
+
+
+def data_path_problems(text: str, package: Path) -> list[str]:
+    """What the "Following the data" section of ``text`` says that ``package``'s code does not hold."""
+    section = text.split("### Following the data", 1)[1].split("\n## ", 1)[0]
+    problems, paths = [], re.findall(r"\*\*(.+?)\*\*.*?\*\*(\d+) files\*\*, at most (\d+)\.\n\n((?:\|.*\n)+)", section)
+    if not paths:
+        return ["no path with a '**N files**, at most M.' heading and a table"]
+    for name, count, budget, table in paths:
+        rows = [line.split("|")[1:3] for line in table.strip().split("\n")[2:]]  # past the header and its rule
+        if len(rows) != int(count) or int(count) > int(budget):
+            problems.append(f"{name}: {len(rows)} rows for {count} files, budget {budget}")
+        for files_cell, names_cell in rows:
+            files = [package / f for f in re.findall(r"`([\w/]+\.py)`", files_cell)]
+            missing = [str(f.relative_to(package)) for f in files if not f.is_file()]
+            if not files or missing:
+                problems.append(f"{name}: {files_cell.strip()}: no such file {missing}")
+                continue
+            defined = set().union(*(_defined(f) for f in files))
+            methods = {d.split(".")[-1] for d in defined}
+            for wanted in re.findall(r"`([\w.]+)`", names_cell):
+                if wanted not in defined and ("." in wanted or wanted not in methods):
+                    problems.append(f"{name}: {files_cell.strip()} defines no {wanted}")
+    return problems
+
+
+def test_the_data_paths_name_what_the_code_holds():
+    assert data_path_problems(ARCHITECTURE.read_text(encoding="utf-8"), PACKAGE) == []
+
+
+def test_the_data_path_check_catches_a_stale_row():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    moved = text.replace("| `generation/decode.py` | `generate`", "| `generation/gone.py` | `generate`")
+    renamed = text.replace("`StepPolicy.choose` (its step)", "`StepPolicy.pick` (its step)")
+    over = text.replace("**8 files**, at most 8.", "**8 files**, at most 7.")
+    assert [len(data_path_problems(t, PACKAGE)) for t in (moved, renamed, over)] == [1, 1, 1]
