@@ -1,6 +1,6 @@
-"""The Transformer's building blocks, a file for each of the paper's parts: attention, its masks and the keys and
-values it keeps while decoding (Section 3.2); the layers, their feed-forward network and the positions (3.1, 3.3,
-3.5); and what padded batches and fine-tuning add to them: the packed layout of real tokens, LoRA."""
+"""The Transformer's building blocks, the paper's Section 3 in two files: attention, its masks and the keys and
+values it keeps while decoding (3.2); the layers, their feed-forward network and the positions (3.1, 3.3, 3.5).
+Beside them, what padded batches and fine-tuning add: the packed layout of real tokens, LoRA."""
 
 from qkv.modules.attention import (
     Attention,
