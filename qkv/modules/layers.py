@@ -170,6 +170,15 @@ def _check_length(name: str, offset: int, t: int, max_len: int) -> None:
         )
 
 
+def _table_rows(name: str, table: Tensor, t: int, offset: int, positions: Tensor | None) -> Tensor:
+    """Rows of a (max_len, D) table of positions: offset .. offset+t-1 -> (t, D), or explicit (B, T) positions
+    -> (B, T, D)."""
+    if positions is not None:
+        return table[positions]
+    _check_length(name, offset, t, table.shape[0])
+    return table[offset:offset + t]
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """The fixed table of Section 3.5, added to the (scaled) embeddings."""
 
@@ -180,10 +189,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, t: int, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Encodings for positions offset .. offset+t-1 -> (t, D), or for explicit (B, T) positions -> (B, T, D)."""
-        if positions is not None:
-            return self.pe[positions]
-        _check_length("positional encoding", offset, t, self.max_len)
-        return self.pe[offset:offset + t]
+        return _table_rows("positional encoding", self.pe, t, offset, positions)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -196,10 +202,8 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, t: int, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        if positions is not None:
-            return self.weight[positions]
-        _check_length("learned positional embedding", offset, t, self.max_len)
-        return self.weight[offset:offset + t]
+        """As :class:`SinusoidalPositionalEncoding`, from the trained table."""
+        return _table_rows("learned positional embedding", self.weight, t, offset, positions)
 
 
 class RotaryEmbedding(nn.Module):
