@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PIP     := $(BIN)/pip
 
-.PHONY: setup demo test test-all bench api clean
+.PHONY: setup demo test test-all bench api clean demo-model
 
 $(BIN)/qkv: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,14 @@ test-all: setup
 API_OUT ?= docs/api
 api:
 	$(BIN)/pdoc qkv --no-show-source --no-search -o $(API_OUT)
+
+# The translator the package carries for the explorer (qkv/interpret/explorer/embedded.py): the demo
+# recipe, seed 1 (the same bytes on every run of one machine), its graphs for the page, its run files.
+DEMO_MODEL := qkv/interpret/explorer/demo_model
+demo-model: setup
+	$(BIN)/qkv train mt --recipe demo --run build/demo-model --overwrite --quiet
+	$(BIN)/qkv export onnx --run build/demo-model --out $(DEMO_MODEL)/onnx --form fp16 --overwrite
+	cp build/demo-model/config.json build/demo-model/tokenizer.json build/demo-model/model.safetensors $(DEMO_MODEL)/
 
 bench: setup
 	$(BIN)/python bench/train_gpt.py

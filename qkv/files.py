@@ -168,6 +168,14 @@ def write_text(path: str | Path, text: str) -> Path:
     return path
 
 
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, atomically."""
+    path = Path(path)
+    with atomic_path(path) as tmp, as_os_error(path):
+        tmp.write_bytes(data)
+    return path
+
+
 def write_json(path: str | Path, data: Any) -> Path:
     """Write ``data`` as indented JSON (non-ASCII kept readable) to ``path``, atomically."""
     return write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")

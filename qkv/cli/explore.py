@@ -7,21 +7,35 @@
                                                  plus the run's own attention maps, its encoder-decoder
                                                  sizes and its step-by-step translation (a GPT run: its
                                                  practice problems)
-    qkv explore --export page.html               one self-contained file (works from file://)
-    qkv explore --run runs/demo --text "小明累了，他想睡觉。" --export page.html
+    qkv explore --export page.html               one self-contained file that runs the model itself
+                                                 (works from file://, offline: share the file)
+    qkv explore --run runs/demo --export page.html
+                                                 ... running your model (needs qkv[onnx]); --form int8
+                                                 makes a large model's file a quarter the size
+    qkv explore --run runs/demo --site site/     a folder any static host serves (index.html, the
+                                                 model, the runtime)
+
+With no --run, the model is the small translator the package carries (the demo recipe's; see
+qkv/interpret/explorer/embedded.py for the command that makes it again).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
+from qkv.data.synthetic import SEED_SENTENCE
+from qkv.errors import QkvError
+from qkv.interop.onnx import FORMS, export_onnx
 from qkv.interpret import model_maps, traces
-from qkv.interpret.explorer.export import export_page
+from qkv.interpret.explorer.constants import CONSTANTS
+from qkv.interpret.explorer.embedded import DEMO_MODEL, DEMO_ONNX
+from qkv.interpret.explorer.export import LiveModel, export_page, export_site
 from qkv.interpret.explorer.language import LANGS
-from qkv.interpret.explorer.payload import AttentionDataError
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
+from qkv.runs import Run
 
 DEFAULT_PORT = 8765
 
@@ -48,8 +62,14 @@ def register(subparsers) -> None:
         "--export", metavar="PAGE.html", help="write one self-contained HTML file instead of serving"
     )
     p.add_argument(
-        "--text", help="text the model figures start with; with --run --export, the text whose maps are embedded"
+        "--site", metavar="FOLDER", help="write a folder for a static host instead of serving (index.html, the model, "
+        "the runtime)"
     )
+    p.add_argument(
+        "--form", choices=FORMS, default=FORMS[0], help="the exported model's weights (--export, --site): fp32 "
+        "(default), fp16 or int8 (a half or a quarter of the size)"
+    )
+    p.add_argument("--text", help="the sentence the model figures start with")
     p.add_argument(
         "--lang", choices=LANGS, help="the page's language for a reader who has not chosen one "
         "(default: the browser's; the page's button switches and remembers)"
@@ -65,15 +85,6 @@ def _error(message: str) -> int:
 def _checked_run(run_dir: str) -> None:
     if not Path(run_dir).is_dir():
         raise LookupError(f"--run {run_dir}: no such directory")
-
-
-def _load_provider(run_dir: str):
-    """The run's ``text -> attention maps`` function (qkv.interpret.model_maps), for an export."""
-    _checked_run(run_dir)
-    try:
-        return model_maps.make_attention_provider(run_dir)
-    except (FileNotFoundError, ValueError) as err:
-        raise LookupError(f"--run {run_dir}: {err}") from None
 
 
 def _load_views(run_dir: str) -> dict:
@@ -92,44 +103,59 @@ def _load_views(run_dir: str) -> dict:
     return views
 
 
+def _default_text(run: Run, text: str | None) -> str:
+    """The sentence the page starts on: --text, else the one `qkv explain` saw the pronoun head at work
+    on, else the first article's (a translator) or the second's practice sentence (a GPT)."""
+    if text:
+        return text
+    head = model_maps.pronoun_head(run) or {}
+    if head.get("sentence"):
+        return head["sentence"]
+    return SEED_SENTENCE[0] if run.arch == "transformer" else CONSTANTS["PRACTICE_TEXT"]
+
+
+def _write_live(args: argparse.Namespace) -> Path:
+    """The live page (--export) or site (--site) of --run, or of the packaged demo model."""
+    run = Run(args.run or DEMO_MODEL)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = DEMO_ONNX
+        if args.run or args.form != FORMS[0]:
+            _checked_run(str(run.path))
+            folder = export_onnx(run.path, Path(tmp) / "onnx", form=args.form)
+        live = LiveModel.from_folder(folder, model_name=str(args.run) if args.run else "qkv demo",
+                                     default_text=_default_text(run, args.text),
+                                     pronoun_head=model_maps.pronoun_head(run))
+        if args.site:
+            return export_site(args.site, live, lang=args.lang)
+        return export_page(args.export, lang=args.lang, live=live)
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     """Serve or export the explorer. Returns the process exit code."""
     if args.text is not None and len(args.text) > MAX_TEXT_CHARS:
         return _error(f"--text is {len(args.text)} characters; the limit is {MAX_TEXT_CHARS}")
     if not 0 <= args.port <= 65535:
         return _error(f"--port must be in 0..65535, got {args.port}")
-    if args.export:
-        data = None
-        if args.run:
-            try:
-                provider = _load_provider(args.run)
-            except LookupError as err:
-                return _error(str(err))
-            if not args.text:
-                return _error("--export with --run needs --text: the text whose attention is embedded")
-            try:
-                data = provider(args.text)
-            except ValueError as err:
-                return _error(f"the model could not read --text: {err}")
+    if args.export and args.site:
+        return _error("give --export PAGE.html or --site FOLDER, not both")
+    if args.export or args.site:
         try:
-            out = export_page(args.export, data, lang=args.lang)
-        except (OSError, AttentionDataError) as err:
+            print(_write_live(args))
+        except (LookupError, OSError, QkvError) as err:
             return _error(str(err))
-        print(out)
         return 0
 
-    views: dict = {"attention_provider": None}
-    if args.run:
-        try:
-            views = _load_views(args.run)
-        except LookupError as err:
-            return _error(str(err))
+    run_dir = args.run or str(DEMO_MODEL)
+    try:
+        views = _load_views(run_dir)
+    except LookupError as err:
+        return _error(str(err))
     try:
         return serve(
             args.host,
             args.port,
-            default_text=args.text or (views.get("pronoun_head") or {}).get("sentence") or "",
-            model_name=str(args.run) if args.run else None,
+            default_text=_default_text(Run(run_dir), args.text),
+            model_name=str(args.run) if args.run else "qkv demo",
             default_lang=args.lang,
             **views,
         )

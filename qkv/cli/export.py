@@ -1,4 +1,5 @@
-"""``qkv export hf|ctranslate2 --run DIR --out FOLDER``: a run as another library's model folder (see ``qkv.interop.export``)."""
+"""``qkv export hf|ctranslate2|onnx --run DIR --out FOLDER``: a run as another library's model folder (see
+``qkv.interop.export`` and ``qkv.interop.onnx``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 from qkv.cli.common import add_weights, command_group
 from qkv.interop.export import CT2_QUANTIZATIONS, export_ctranslate2, export_hf
+from qkv.interop.onnx import FORMS, export_onnx
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="store the weights so (default: fp32); CTranslate2 can also quantize when it loads")
     p.set_defaults(func=cmd_export_ctranslate2)
 
+    p = export.add_parser("onnx", help="a run as ONNX graphs for onnxruntime: encoder and decoder step, or a GPT's step",
+                          description="Write the run's graphs (needs qkv[onnx]): a translation run's encoder and its "
+                                      "decoder step, a GPT run's step, each step taking and returning its KV cache, "
+                                      "every head's attention an output and every head a switch; with manifest.json "
+                                      "(what the explorer page reads) and tokenizer.json.")
+    _common(p)
+    p.add_argument("--form", choices=FORMS, default=FORMS[0],
+                   help="fp32 (default), fp16 (weights stored in half precision: half the file, fp32 arithmetic) "
+                        "or int8 (weights stored in 8 bits per output row: a quarter)")
+    p.set_defaults(func=cmd_export_onnx)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     """What every export takes: the run, the folder, --overwrite and --weights."""
@@ -43,6 +56,10 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 def cmd_export_ctranslate2(args: argparse.Namespace) -> int:
     return _written(export_ctranslate2(args.run, args.out, weights=args.weights, overwrite=args.overwrite,
                                        quantization=args.quantization))
+
+
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    return _written(export_onnx(args.run, args.out, weights=args.weights, form=args.form, overwrite=args.overwrite))
 
 
 def _written(out) -> int:

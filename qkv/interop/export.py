@@ -16,6 +16,7 @@ all, and a folder that holds anything is replaced only with ``overwrite``.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -107,11 +108,18 @@ def staged(out: Path) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with as_os_error(out):
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the folder it becomes is not
         try:
             yield staging
             _replace(staging, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _replace(staging: Path, out: Path) -> None:

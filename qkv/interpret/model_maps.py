@@ -118,31 +118,34 @@ def make_attention_provider(run: Run | str | Path | None, beam: int = 1, max_new
     (``ablation.heads_off``) while the model translates or continues ``text``; the payload then says
     which, and what the model wrote with every head on."""
     loaded = load_run(run, device) if loaded is None else loaded
+    default_beam = beam
     if isinstance(loaded, Translator):
         translator = loaded
         model = translator.model
 
-        def maps_of(text: str) -> dict:
-            return translation_maps(translator, text, beam)
+        def maps_of(text: str, size: int) -> dict:
+            return translation_maps(translator, text, size)
 
-        def all_on(text: str) -> str:
-            return translator.translate(text, beam=beam)
+        def all_on(text: str, size: int) -> str:
+            return translator.translate(text, beam=size)
     else:
         model, tokenizer = loaded
 
-        def maps_of(text: str) -> dict:
+        def maps_of(text: str, size: int) -> dict:
             return completion_maps(model, tokenizer, text, max_new_tokens)
 
-        def all_on(text: str) -> str:
+        def all_on(text: str, size: int) -> str:
             return completion_maps(model, tokenizer, text, max_new_tokens)["output"]
 
-    def provide(text: str, off: Sequence[Head] = ()) -> dict:
+    def provide(text: str, off: Sequence[Head] = (), beam: int | None = None) -> dict:
+        """``beam``: this request's beam size (None: the provider's); a GPT continues greedily either way."""
         text = checked_text(text)
+        size = default_beam if beam is None else beam
         with heads_off(model, off):
-            payload = maps_of(text)
+            payload = maps_of(text, size)
         if off:
             payload["off"] = [list(head) for head in off]
-            payload["output_all_heads"] = all_on(text)
+            payload["output_all_heads"] = all_on(text, size)
         return payload
 
     return provide

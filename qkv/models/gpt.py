@@ -48,6 +48,13 @@ class GPT(nn.Module):
                     std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
                 nn.init.normal_(p, mean=0.0, std=std)
 
+    def embed(self, idx: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Token embeddings plus positions: (B, T) ids -> (B, T, D); the positions offset.., or (B, T) ``positions``."""
+        x = self.token_embedding(idx)  # (B, T, D)
+        if self.positional is not None:
+            x = x + self.positional(idx.shape[1], offset=offset, positions=positions)
+        return self.dropout(x)
+
     def forward(self, idx: Tensor, mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         """Next-token logits for every position.
 
@@ -62,11 +69,7 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2:
             raise ValueError(f"GPT expects token ids of shape (B, T), got {tuple(idx.shape)}")
-        offset = self.layers[0].self_attn.cached
-        x = self.token_embedding(idx)  # (B, T, D)
-        if self.positional is not None:
-            x = x + self.positional(idx.shape[1], offset=offset, positions=positions)
-        x = self.dropout(x)
+        x = self.embed(idx, offset=self.layers[0].self_attn.cached, positions=positions)
         for layer in self.layers:
             x = layer(x, self_mask=mask, positions=positions)
         return self.lm_head(self.final_norm(x))

@@ -58,13 +58,13 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------------------------------
 
-    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        """Scaled embeddings plus positions: (B, T) ids -> (B, T, D)."""
+    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Scaled embeddings plus positions: (B, T) ids -> (B, T, D); the positions offset.., or (B, T) ``positions``."""
         if tokens.dim() != 2:
             raise ValueError(f"expected token ids of shape (B, T), got {tuple(tokens.shape)}")
         x = self.token_embedding(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
         if self.positional is not None:
-            x = x + self.positional(tokens.shape[1], offset=offset)
+            x = x + self.positional(tokens.shape[1], offset=offset, positions=positions)
         return self.dropout(x)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:

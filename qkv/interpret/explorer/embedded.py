@@ -1,15 +1,23 @@
-"""The model traces the page carries (``static/traces.js``), so that its training-and-generating figure
-and GPT's practice problems work with no model loaded and in an exported page.
+"""What the package carries for the explorer, so that its figures are live for a reader who has trained nothing.
 
-``teacher``: ``qkv.interpret.traces.translation_trace`` of the model ``qkv demo`` trains, on the seed
-sentence. ``practice``: ``practice_trace`` of a small character-level GPT pretrained on the Chinese
-side of cmn-eng's training set, on the second article's practice sentence. Written by::
+- ``demo_model/``: a small translator trained by the demo recipe (``qkv/recipes/mt/demo.yaml``, seed 1:
+  2+2 layers, d_model 128, 4 heads, 0.7M parameters): its run files (``config.json``,
+  ``tokenizer.json``, ``model.safetensors``), which ``qkv explore`` serves when given no ``--run``,
+  and ``onnx/``, its graphs (``qkv export onnx --form fp16``), which the exported page and the site run
+  when given no ``--run``. Made again, on any machine, by::
 
-    qkv demo --run runs/demo
-    qkv train lm --recipe baby --run runs/zh-gpt data.path=DATA/cmn-eng/train.zh train.steps=6000 train.decay_steps=6000
-    python -m qkv.interpret.explorer.embedded --mt runs/demo --lm runs/zh-gpt
+      make demo-model
 
-(DATA: the folder ``qkv data list`` finds the corpora in.)
+  (``qkv train mt --recipe demo --run build/demo-model``, then ``qkv export onnx`` of it into
+  ``demo_model/onnx`` and its three run files copied beside; the Makefile has the lines).
+- ``static/practice.js``: figure 10's recorded example, ``practice_trace`` of a small character-level
+  GPT pretrained on the Chinese side of cmn-eng's training set, on the second article's practice
+  sentence; a page whose model is a GPT computes the figure live instead. Written by::
+
+      qkv train lm --recipe baby --run runs/zh-gpt data.path=DATA/cmn-eng/train.zh train.steps=6000 train.decay_steps=6000
+      python -m qkv.interpret.explorer.embedded --lm runs/zh-gpt
+
+  (DATA: the folder ``qkv data list`` finds the corpora in.)
 """
 
 from __future__ import annotations
@@ -22,40 +30,41 @@ from qkv.interpret.explorer.constants import CONSTANTS, load_constants
 from qkv.interpret.traces import make_trace_provider
 from qkv.files import write_text
 
-TRACES_FILE = Path(__file__).resolve().parent / "static" / "traces.js"
-SEED_TEXT = "小明累了，他想睡觉。"  # the first article's sentence
+HERE = Path(__file__).resolve().parent
+DEMO_MODEL = HERE / "demo_model"
+DEMO_ONNX = DEMO_MODEL / "onnx"
+PRACTICE_FILE = HERE / "static" / "practice.js"
 HEADER = """/*
- * traces.js: what two trained models did, embedded so that the training-and-generating figure and
- * GPT's practice problems work with no model loaded and in an exported page (article.js draws them).
- * Written by qkv/interpret/explorer/embedded.py (its docstring has the commands); strict JSON below.
+ * practice.js: what a small character-level GPT did on the second article's practice sentence, so that
+ * GPT's practice problems (figure 10) show real numbers in a page whose model is a translator (a GPT
+ * run's page computes them live). Written by qkv/interpret/explorer/embedded.py (its docstring has the
+ * commands); strict JSON below.
  */
 """
 
 
-def build(mt_run: str | Path, lm_run: str | Path) -> dict:
-    """The two traces: the translation run's on the seed sentence, the GPT run's on the practice text."""
-    teacher, _ = make_trace_provider(mt_run)
+def build(lm_run: str | Path) -> dict:
+    """The GPT run's practice problems on the second article's sentence."""
     practice, _ = make_trace_provider(lm_run)
-    return {"teacher": teacher(SEED_TEXT), "practice": practice(CONSTANTS["PRACTICE_TEXT"])}
+    return practice(CONSTANTS["PRACTICE_TEXT"])
 
 
-def write(traces: dict, path: Path = TRACES_FILE) -> Path:
-    """``traces`` as ``globalThis.QKVTraces`` in ``path``."""
-    body = json.dumps(traces, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return write_text(path, HEADER + "globalThis.QKVTraces = " + body + ";\n")
+def write(example: dict, path: Path = PRACTICE_FILE) -> Path:
+    """``example`` as ``globalThis.QKVPracticeExample`` in ``path``."""
+    body = json.dumps(example, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return write_text(path, HEADER + "globalThis.QKVPracticeExample = " + body + ";\n")
 
 
-def load(path: Path = TRACES_FILE) -> dict:
-    """The traces the page embeds."""
+def load(path: Path = PRACTICE_FILE) -> dict:
+    """The practice example the page carries."""
     return load_constants(path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the model traces the explorer page embeds.")
-    parser.add_argument("--mt", required=True, help="a translation run (qkv demo's)")
+    parser = argparse.ArgumentParser(description="Write the practice example the explorer page carries.")
     parser.add_argument("--lm", required=True, help="a GPT run that reads Simplified Chinese characters")
     args = parser.parse_args(argv)
-    print(write(build(args.mt, args.lm)))
+    print(write(build(args.lm)))
     return 0
 
 

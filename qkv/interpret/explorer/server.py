@@ -5,8 +5,9 @@ Routes:
     GET /cjk.otf                  the CJK font qkv brings (``qkv.interpret.fonts``), for Chinese tokens
     GET /api/status               {"model": bool, "default_text": str, "max_text_chars": int, ...}
     GET /api/attention?text=...   the ``attention_provider``'s maps for ``text`` (the model figure);
-                                  &off=cross:1:0,... switches those heads off (qkv.interpret.ablation)
-    POST /api/attention           the same with a JSON body {"text": "...", "off": "cross:1:0"}
+                                  &off=cross:1:0,... switches those heads off (qkv.interpret.ablation);
+                                  &beam=4 translates by beam search of 4 (default: greedy, as the run's view)
+    POST /api/attention           the same with a JSON body {"text": "...", "off": "cross:1:0", "beam": 4}
     GET /api/trace?text=...       the ``trace_provider``'s trace for ``text`` (qkv.interpret.traces: the
                                   training-and-generating figure or GPT's practice problems); POST too
 
@@ -43,6 +44,7 @@ MAX_BODY_BYTES = 64 * 1024
 REQUEST_SECONDS = 30  # the whole of one request, however its bytes trickle in
 MAX_CONNECTIONS = 64  # connections served at once: many idle ones cannot exhaust the threads
 MAX_URL_CHARS = 8 * 1024
+MAX_BEAM = 8
 NO_MODEL_MESSAGE = "no model loaded: start with --run DIR to see your model"
 
 # 'self' only: no CDN, no external font, no analytics; data: for the empty favicon.
@@ -351,13 +353,14 @@ class ExplorerHandler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"use GET or POST for {path}")
             if method == "POST":
                 body = self._read_body()
-                text, off = body["text"], body.get("off", "")
+                text, off, beam = body["text"], body.get("off", ""), str(body.get("beam", ""))
             else:
                 text, off = self._query_text(query), self._query_field(query, "off")
+                beam = self._query_field(query, "beam")
             if not isinstance(off, str):
                 raise RequestError(HTTPStatus.BAD_REQUEST, 'off must be a string such as "cross:1:0,cross:1:2"')
             if path == "/api/attention":
-                self._attention(text, off)
+                self._attention(text, off, _beam(beam))
             else:
                 self._trace(text)
         else:
@@ -473,12 +476,14 @@ class ExplorerHandler(BaseHTTPRequestHandler):
     def _trace(self, text: str) -> None:
         self._send_json(HTTPStatus.OK, self._provide(self.server.trace_provider, text, "trace"))
 
-    def _attention(self, text: str, off: str = "") -> None:
+    def _attention(self, text: str, off: str = "", beam: int | None = None) -> None:
         try:
             heads = parse_heads(off)
         except ValueError as err:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"off: {err}") from None
         options = {"off": heads} if heads else {}
+        if beam is not None:
+            options["beam"] = beam
         raw = self._provide(self.server.attention_provider, text, "attention", **options)
         try:
             data = normalize_attention_data(raw)
@@ -488,6 +493,15 @@ class ExplorerHandler(BaseHTTPRequestHandler):
             ) from None
         data.setdefault("text", text)
         self._send_json(HTTPStatus.OK, data)
+
+
+def _beam(value: str) -> int | None:
+    """The ``beam`` field: absent (the provider's own), or a beam size of 1 (greedy) to ``MAX_BEAM``."""
+    if value == "":
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_BEAM:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"beam must be a whole number from 1 to {MAX_BEAM}, got {value!r}")
+    return int(value)
 
 
 def make_server(

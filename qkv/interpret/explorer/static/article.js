@@ -227,30 +227,36 @@
   }
 
   // ------------------------------------------------------------------ forms for a live model
-  // One text box and a button that fetch /api/trace, for the two trace figures.
-  function traceForm(body, status, keys, initial, render) {
+  // One text box and a button that ask answers.js for a trace, for the two trace figures.
+  function traceForm(body, source, keys, initial, render) {
+    var status = source.status;
     var input = h("input", { type: "text", "class": "trace-text", maxlength: String(status.max_text_chars || 500), "aria-label": plain(keys.aria) });
     input.value = initial;
     var button = h("button", { type: "submit", "class": "primary", text: T(keys.run) });
     var form = h("form", { "class": "controls" }, [input, button]);
-    var out = h("div", { "aria-live": "polite" });
+    var out = h("div", { "aria-live": "polite", "data-testid": keys.testid });
     body.appendChild(h("p", { "class": "label" }, [T(keys.model, { name: status.model_name || "" })]));
     body.appendChild(form);
     body.appendChild(out);
+    var asked = 0;
     function run() {
+      var mine = ++asked;
       button.disabled = true;
       button.textContent = T(keys.busy);
-      fetch("/api/trace?text=" + encodeURIComponent(input.value)).then(function (r) {
-        return r.json().then(function (j) { return { ok: r.ok, json: j }; });
-      }).then(function (res) {
+      source.trace(input.value).then(function (tr) {
+        if (mine !== asked) return;
         out.textContent = "";
-        if (!res.ok) out.appendChild(h("p", { "class": "error", role: "alert", text: T("fig6.failed", { error: res.json.error || "" }) }));
-        else render(out, res.json);
+        (tr.notes || []).forEach(function (n) { out.appendChild(h("p", { "class": "note", role: "status", text: n })); });
+        render(out, tr);
       }).catch(function (err) {
-        out.appendChild(h("p", { "class": "error", role: "alert", text: T("fig6.failed", { error: err.message }) }));
+        if (mine !== asked) return;
+        out.textContent = "";
+        out.appendChild(h("p", { "class": "error", role: "alert", text: err.qkvKey ? err.message : T("fig6.failed", { error: err.message }) }));
       }).then(function () {
+        if (mine !== asked) return;
         button.disabled = false;
         button.textContent = T(keys.run);
+        out.setAttribute("data-done", String(mine));
       });
     }
     form.addEventListener("submit", function (e) { e.preventDefault(); run(); });
@@ -377,17 +383,15 @@
     drawSteps();
   }
 
-  function initTeacher(status) {
+  // source: answers.js's, or null (no model anywhere: the figure says how to bring one).
+  function initTeacher(source) {
     var body = $("teacher-body");
-    if (status && status.trace === "translation") {
-      traceForm(body, status, { aria: "teacher.text_aria", run: "teacher.run", busy: "teacher.busy", model: "teacher.model_live" },
-        status.default_text || globalThis.QKVTraces.teacher.source, renderTeacher);
+    if (source && source.trace && source.status.trace === "translation") {
+      traceForm(body, source, { aria: "teacher.text_aria", run: "teacher.run", busy: "teacher.busy", model: "teacher.model_live",
+                                testid: "teacher-out" }, source.status.default_text || "", renderTeacher);
       return;
     }
-    body.appendChild(hx("p", { "class": "label" }, "teacher.model_embedded"));
-    var out = h("div");
-    body.appendChild(out);
-    renderTeacher(out, globalThis.QKVTraces.teacher);
+    body.appendChild(hx("p", { "class": "label" }, "teacher.no_translator"));
   }
 
   // ------------------------------------------------------------------ GPT's practice problems
@@ -407,17 +411,18 @@
     out.appendChild(hx("p", { "class": "figline" }, "practice.mean", { nll: fmt(tr.mean_nll, 2), ppl: fmt(Math.exp(tr.mean_nll), 1) }));
   }
 
-  function initPractice(status) {
+  // A GPT live (the page's or the server's); otherwise the recorded example of practice.js.
+  function initPractice(source) {
     var body = $("practice-body");
-    if (status && status.trace === "practice") {
-      traceForm(body, status, { aria: "practice.text_aria", run: "practice.run", busy: "practice.busy", model: "practice.model_live" },
-        C.PRACTICE_TEXT, renderPractice);
+    if (source && source.trace && source.status.trace === "practice") {
+      traceForm(body, source, { aria: "practice.text_aria", run: "practice.run", busy: "practice.busy", model: "practice.model_live",
+                                testid: "practice-out" }, C.PRACTICE_TEXT, renderPractice);
       return;
     }
     body.appendChild(hx("p", { "class": "label" }, "practice.model_embedded"));
     var out = h("div");
     body.appendChild(out);
-    renderPractice(out, globalThis.QKVTraces.practice);
+    renderPractice(out, globalThis.QKVPracticeExample);
   }
 
   globalThis.QKVArticleFigures = {

@@ -1,9 +1,11 @@
 /*
  * explorer.js: starts the explorer page. The page's scripts, each one concept: catalog.js (every
  * string, in Chinese and English), lang.js (the language and T()), constants.js (the figures'
- * numbers), table3.js and traces.js (data the figures draw), figures.js (their formulas), draw.js
+ * numbers), table3.js and practice.js (data the figures draw), figures.js (their formulas), draw.js
  * (what every figure draws with), paper.js (the paper's attention figures), article.js (the figures
- * the articles describe), model_view.js (a model's attention maps) and this file.
+ * the articles describe), model_view.js (a model's attention maps), tokenizer.js, runtime.js and
+ * decoding.js (the model in the page), answers.js (where the live figures' answers come from: that
+ * model or the server) and this file.
  *
  * Order: the catalog's text goes in at once, while the page is not laid out (<html class="qkv-loading">
  * hides the body); the page is shown and the figures drawn only after its CJK face has loaded (or a
@@ -27,20 +29,19 @@
     }
   }
 
-  // Every CJK character the figures will draw: the page's text, the catalog's, the traces'.
+  // Every CJK character the figures will draw: the page's text, the catalog's, the example's, and
+  // the in-page model's vocabulary (what it reads and writes).
   function cjkText() {
-    return document.body.textContent + JSON.stringify(globalThis.QKVTraces || {}) +
-      JSON.stringify(globalThis.QKVCatalog[L.lang]) + globalThis.QKVConstants.TOKENS.join("");
+    var live = document.getElementById("qkv-live");
+    return document.body.textContent + JSON.stringify(globalThis.QKVPracticeExample || {}) +
+      JSON.stringify(globalThis.QKVCatalog[L.lang]) + globalThis.QKVConstants.TOKENS.join("") +
+      (live ? live.textContent : "");
   }
 
-  // The server's status when there is one (a model loaded? which sizes? which trace?); else null.
-  function serverStatus() {
-    if (location.protocol !== "http:" && location.protocol !== "https:") return Promise.resolve(null);
-    return fetch("/api/status").then(function (r) { return r.json(); }).catch(function () { return null; });
-  }
-
-  function start(status) {
-    var traces = globalThis.QKVTraces || {};
+  // source: answers.js's (the model in the page, or the server's), or null.
+  function start(source) {
+    var status = source ? source.status : null;
+    var live = source && source.attention ? source : null;
     globalThis.QKVExplorer = {
       fig1: safely("figure 1", P.initFig1),
       fig2: safely("figure 2", P.initFig2),
@@ -50,12 +51,12 @@
       multihead: safely("multi-head", A.initMultihead),
       fig5: safely("figure 5", function () { P.initClocks(); P.initWordOrder(); return true; }),
       stack: safely("encoder and decoder", function () {
-        return status && status.sizes ? A.initStack(status.sizes, "stack.sizes_run")
-          : A.initStack(traces.teacher && traces.teacher.model, "stack.sizes_demo");
+        return A.initStack(status && status.sizes, "stack.sizes_run");
       }),
-      teacher: safely("training and generating", function () { return A.initTeacher(status); }),
-      practice: safely("practice problems", function () { return A.initPractice(status); }),
-      fig6: safely("figure 6", function () { return globalThis.QKVModelView.initFig6(status); }),
+      teacher: safely("training and generating", function () { return A.initTeacher(live); }),
+      practice: safely("practice problems", function () { return A.initPractice(live); }),
+      fig6: safely("figure 6", function () { return globalThis.QKVModelView.initFig6(live); }),
+      answers: source,
       lang: L.lang,
       ready: true
     };
@@ -65,7 +66,7 @@
   function boot() {
     L.apply();
     L.wireToggle();
-    Promise.all([globalThis.QKVDraw.cjkFaceLoaded(cjkText()), serverStatus()]).then(function (r) {
+    Promise.all([globalThis.QKVDraw.cjkFaceLoaded(cjkText()), globalThis.QKVAnswers.connect()]).then(function (r) {
       document.documentElement.classList.remove("qkv-loading");
       start(r[1]);
     });

@@ -1,7 +1,7 @@
 /*
  * model_view.js: figure 6, a model's own attention maps: the head view, the model view and the heat
- * map of one head. The maps come from the server's /api/attention, or from the JSON embedded in an
- * exported page (script#qkv-model-data); it never fetches from file://. Every word is the catalog's
+ * map of one head. The maps come from answers.js (the model in the page, or the server's
+ * /api/attention), or from the JSON a notebook's view embeds (script#qkv-model-data). Every word is the catalog's
  * (globalThis.QKVLang.T). Exposed as globalThis.QKVModelView.
  */
 (function () {
@@ -81,9 +81,9 @@
     return { order: order, byKind: byKind };
   }
 
-  // status: the server's /api/status (explorer.js asked it), or null for an exported page.
-  // caption: the catalog key of the line above embedded maps (an exported page's, or a notebook's).
-  function initFig6(status, caption) {
+  // source: answers.js's (the model in the page, or the server), or null; caption: the catalog key of
+  // the line above embedded maps (a notebook's).
+  function initFig6(source, caption) {
     var body = $("fig6-body");
     var embedded = $("qkv-model-data");
     if (embedded) {
@@ -95,11 +95,10 @@
         return;
       }
       body.textContent = "";
-      body.appendChild(h("p", { "class": "caption", text: T(caption || "fig6.exported") }));
+      body.appendChild(h("p", { "class": "caption", text: T(caption || "fig6.notebook") }));
       return renderModel(body, data, { showInput: true, pronounHead: data.pronoun_head });
     }
-    // An exported page has no server (and fetch() does not work from file://): keep the placeholder.
-    if (status && status.model) setupLive(body, status);
+    if (source && source.attention) return setupLive(body, source);
   }
 
   function showError(parent, message) {
@@ -108,7 +107,15 @@
     parent.appendChild(h("p", { "class": "error", role: "alert", "data-testid": "fig6-error", text: message }));
   }
 
-  function setupLive(body, status) {
+  // The notes of an answer (characters outside the vocabulary...), above the figure.
+  function showNotes(parent, data) {
+    (data.notes || []).forEach(function (n) {
+      parent.appendChild(h("p", { "class": "note", role: "status", "data-testid": "fig6-note", text: n }));
+    });
+  }
+
+  function setupLive(body, source) {
+    var status = source.status;
     body.textContent = "";
     var input = h("input", {
       type: "text", id: "fig6-text", maxlength: String(status.max_text_chars || 500),
@@ -116,9 +123,19 @@
     });
     input.value = status.default_text || "";
     var button = h("button", { type: "submit", id: "fig6-run", "class": "primary", text: T("fig6.run") });
-    var form = h("form", { "class": "controls fig6-form" }, [input, button]);
+    var controls = [input];
+    // A translator can search greedily or by beam, as `qkv translate --beam 1` and `--beam 4` do.
+    var beamSel = null;
+    if (status.beam) {
+      beamSel = h("select", { id: "fig6-beam", "aria-label": plain("fig6.beam_aria") }, [
+        h("option", { value: "1", text: T("fig6.greedy") }), h("option", { value: "4", text: T("fig6.beam4") })]);
+      controls.push(beamSel);
+    }
+    controls.push(button);
+    var form = h("form", { "class": "controls fig6-form" }, controls);
     var out = h("div", { id: "fig6-output", "aria-live": "polite" });
     if (status.model_name) body.appendChild(h("p", { "class": "label model-name" }, [T("fig6.model"), h("code", { text: status.model_name })]));
+    if (status.live === "page") body.appendChild(h("p", { "class": "label", "data-testid": "fig6-live", text: T("fig6.live_page") }));
     body.appendChild(form);
     body.appendChild(out);
     form.addEventListener("submit", function (e) {
@@ -132,26 +149,33 @@
       run();
     }
     function allOn() { fig6Memory.off = []; run(); }
+    var asked = 0;
     function run() {
+      var mine = ++asked;
       button.disabled = true;
       button.textContent = T("fig6.running");
       out.classList.add("busy");
-      var query = "text=" + encodeURIComponent(input.value) + (fig6Memory.off.length ? "&off=" + encodeURIComponent(fig6Memory.off.join(",")) : "");
-      fetch("/api/attention?" + query).then(function (r) {
-        return r.json().then(function (j) { return { ok: r.ok, json: j }; });
-      }).then(function (res) {
+      source.attention(input.value, fig6Memory.off.slice(), beamSel ? Number(beamSel.value) : 1).then(function (data) {
+        if (mine !== asked) return;
         out.textContent = "";
-        if (!res.ok) showError(out, res.json.error ? T("fig6.failed", { error: res.json.error }) : T("fig6.refused"));
-        else renderModel(out, res.json, { toggleHead: toggleHead, allOn: allOn, pronounHead: status.pronoun_head });
+        showNotes(out, data);
+        renderModel(out, data, { toggleHead: toggleHead, allOn: allOn, pronounHead: status.pronoun_head });
       }).catch(function (err) {
-        showError(out, T("fig6.failed", { error: err.message }));
+        if (mine !== asked) return;
+        out.textContent = "";
+        showError(out, err.qkvKey ? err.message : T("fig6.failed", { error: err.message }));
       }).then(function () {
+        if (mine !== asked) return;
         button.disabled = false;
         button.textContent = T("fig6.run");
         out.classList.remove("busy");
+        out.setAttribute("data-done", String(mine));
+        // When the first answer was on the page, in ms since the page was opened (bench/explorer_page.py).
+        if (!out.hasAttribute("data-first-ms")) out.setAttribute("data-first-ms", String(Math.round(performance.now())));
       });
     }
     if (input.value) run();
+    return { run: run };
   }
 
   // The model's output under the input box: the translation, or the prompt and its continuation.
