@@ -103,13 +103,12 @@ def _load_views(run_dir: str) -> dict:
     return views
 
 
-def _default_text(run: Run, text: str | None) -> str:
-    """The sentence the page starts on: --text, else the one `qkv explain` saw the pronoun head at work
+def _default_text(run: Run, text: str | None, head: dict | None) -> str:
+    """The sentence the page starts on: --text, else the one `qkv explain` saw the pronoun ``head`` at work
     on, else the first article's (a translator) or the second's practice sentence (a GPT)."""
     if text:
         return text
-    head = model_maps.pronoun_head(run) or {}
-    if head.get("sentence"):
+    if head and head.get("sentence"):
         return head["sentence"]
     return SEED_SENTENCE[0] if run.arch == "transformer" else CONSTANTS["PRACTICE_TEXT"]
 
@@ -122,9 +121,9 @@ def _write_live(args: argparse.Namespace) -> Path:
         if args.run or args.form != FORMS[0]:
             _checked_run(str(run.path))
             folder = export_onnx(run.path, Path(tmp) / "onnx", form=args.form)
+        head = model_maps.pronoun_head(run)
         live = LiveModel.from_folder(folder, model_name=str(args.run) if args.run else "qkv demo",
-                                     default_text=_default_text(run, args.text),
-                                     pronoun_head=model_maps.pronoun_head(run))
+                                     default_text=_default_text(run, args.text, head), pronoun_head=head)
         if args.site:
             return export_site(args.site, live, lang=args.lang)
         return export_page(args.export, lang=args.lang, live=live)
@@ -154,7 +153,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         return serve(
             args.host,
             args.port,
-            default_text=_default_text(Run(run_dir), args.text),
+            default_text=_default_text(Run(run_dir), args.text, views.get("pronoun_head")),
             model_name=str(args.run) if args.run else "qkv demo",
             default_lang=args.lang,
             **views,

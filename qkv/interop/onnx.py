@@ -195,6 +195,9 @@ def _export(graph: nn.Module, args: tuple, io: tuple[list[str], list[str]], dyna
     with warnings.catch_warnings():
         # The tracer warns at every Python check of a shape (the masks' own checks): they hold for any input.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # The TorchScript exporter (dynamo=False) traces these plain tensor programs with their dynamic
+        # sizes named; torch 2.13, which qkv pins, keeps it while announcing its successor.
+        warnings.simplefilter("ignore", DeprecationWarning)
         _trace(graph, args, io, dynamic, path)
 
 

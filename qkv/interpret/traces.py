@@ -6,8 +6,8 @@ shifted right behind ``<bos>``, every position's prediction at once, the causal 
 decoder's first self-attention layer), then the same translation generated one token at a time, each
 step with its top candidates and its cross-attention row. ``practice_trace``: a sentence cut into
 next-token problems for a GPT, each with the probability of its answer and its negative
-log-likelihood. Both are plain JSON-ready dicts; the explorer serves them (``/api/trace``) and embeds
-the demo's (``static/traces.js``, written by ``python -m qkv.interpret.explorer.traces``).
+log-likelihood. Both are plain JSON-ready dicts; the explorer serves them (``/api/trace``), and its page
+computes the same ones from the in-page model (``static/decoding.js``).
 """
 
 from __future__ import annotations

@@ -95,6 +95,30 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def demo_server():
+    """`qkv explore` with no --run: the server of the demo model the package carries."""
+    from qkv.cli.explore import _load_views
+    from qkv.data.synthetic import SEED_SENTENCE
+    from qkv.interpret.explorer.embedded import DEMO_MODEL
+
+    srv = make_server(quiet=True, default_text=SEED_SENTENCE[0], model_name="qkv demo", **_load_views(str(DEMO_MODEL)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def demo_trace():
+    """What figure 9 shows of the packaged demo model on the seed sentence (traces.translation_trace)."""
+    from qkv.data.synthetic import SEED_SENTENCE
+    from qkv.interpret.explorer.embedded import DEMO_MODEL
+    from qkv.interpret.traces import make_trace_provider
+
+    return make_trace_provider(DEMO_MODEL)[0](SEED_SENTENCE[0])
+
+
+@pytest.fixture(scope="module")
 def artifacts():
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
@@ -119,6 +143,16 @@ def watched(browser, server):
 @pytest.fixture
 def watched_without_cjk(browser_without_cjk, server):
     yield from watch(browser_without_cjk, server)
+
+
+@pytest.fixture
+def watched_demo(browser, demo_server):
+    yield from watch(browser, demo_server)
+
+
+@pytest.fixture
+def watched_demo_without_cjk(browser_without_cjk, demo_server):
+    yield from watch(browser_without_cjk, demo_server)
 
 
 def watch(browser, server):
@@ -154,6 +188,10 @@ def open_page(w: Watched, url: str | None = None, lang: str | None = "en"):
     w.page.goto(url)
     w.page.wait_for_selector("html[data-ready]", state="attached")
     assert w.page.evaluate("window.QKVExplorer && window.QKVExplorer.ready") is True
+    # A live model's figures answer once their first sentence is computed (data-done on their output).
+    for testid in ("teacher-out", "practice-out"):
+        if w.page.get_by_test_id(testid).count():
+            w.page.wait_for_selector(f"[data-testid={testid}][data-done]", state="attached", timeout=60_000)
     return w.page
 
 
@@ -707,8 +745,8 @@ FIGURES = ["fig1", "fig2", "fig3", "cost", "fig4", "multihead", "fig5", "stack",
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_screenshots_of_every_figure(watched_without_cjk, artifacts, lang):
-    page = open_page(watched_without_cjk, lang=lang)
+def test_screenshots_of_every_figure(watched_demo_without_cjk, artifacts, lang):
+    page = open_page(watched_demo_without_cjk, lang=lang)
     assert page.evaluate("document.documentElement.lang") == {"zh": "zh-CN", "en": "en"}[lang]
     for name in FIGURES:
         page.locator(f"#{name}").screenshot(path=str(artifacts / f"{lang}-{name}.png"))
@@ -778,10 +816,12 @@ def test_the_articles_numbers_are_on_the_page(watched, lang):
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_the_encoder_decoder_boxes_open_their_explanations(watched, lang):
-    page = open_page(watched, lang=lang)
+def test_the_encoder_decoder_boxes_open_their_explanations(watched_demo, demo_trace, lang):
+    page = open_page(watched_demo, lang=lang)
     sizes = page.get_by_test_id("stack-sizes")
-    assert sizes.get_attribute("data-d-model") == "512"  # the paper's base, with no model loaded
+    assert sizes.get_attribute("data-d-model") == str(demo_trace["model"]["d_model"])  # the model's, shown first
+    page.locator("#stack-which [data-sizes=paper]").click()
+    assert sizes.get_attribute("data-d-model") == "512"  # the paper's base
     boxes = page.get_by_test_id("stack-box")
     kinds = set(page.eval_on_selector_all("[data-testid=stack-box]", "els => els.map(e => e.dataset.box)"))
     assert kinds == {"embed", "self_attn", "masked_attn", "cross_attn", "add_norm", "ffn", "output"}
@@ -791,13 +831,13 @@ def test_the_encoder_decoder_boxes_open_their_explanations(watched, lang):
     page.locator("[data-box=masked_attn]").click()
     detail = page.get_by_test_id("stack-detail")
     assert "−∞" in detail.text_content() and detail.locator("a").get_attribute("href") == "#teacher"
-    page.locator("#stack-which [data-sizes=run]").click()  # the demo model's sizes, from its trace
-    assert sizes.get_attribute("data-d-model") == str(TRACES["teacher"]["model"]["d_model"])
+    page.locator("#stack-which [data-sizes=run]").click()  # the demo model's sizes again
+    assert sizes.get_attribute("data-d-model") == str(demo_trace["model"]["d_model"])
 
 
-from qkv.interpret.explorer.embedded import load as load_traces  # noqa: E402
+from qkv.interpret.explorer.embedded import load as load_practice  # noqa: E402
 
-TRACES = load_traces()
+PRACTICE = load_practice()
 
 
 def mask_cells(page):
@@ -816,9 +856,9 @@ def step_to_the_end(page) -> list[str]:
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_training_at_once_then_generating_one_token_at_a_time(watched, lang):
-    page = open_page(watched, lang=lang)
-    tr = TRACES["teacher"]
+def test_training_at_once_then_generating_one_token_at_a_time(watched_demo, demo_trace, lang):
+    page = open_page(watched_demo, lang=lang)
+    tr = demo_trace
     n = len(tr["read"])
     assert n == 10 and tr["read"][0] == "<bos>" and tr["target"][-1] == "<eos>"  # the article's 10 positions
     assert tr["read"][1:] == tr["target"][:-1]  # the target shifted right behind <bos>
@@ -850,7 +890,7 @@ def test_training_at_once_then_generating_one_token_at_a_time(watched, lang):
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_gpt_practice_problems(watched, lang):
     page = open_page(watched, lang=lang)
-    tr = TRACES["practice"]
+    tr = PRACTICE
     assert tr["text"] == "今天天气很好"
     rows = page.get_by_test_id("practice-row")
     assert rows.count() == len(tr["problems"]) == 5
@@ -914,7 +954,7 @@ def visible_text(page) -> str:
         ...[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))].join('\\n')""")
 
 
-def test_no_visible_string_outside_the_catalog(watched):
+def test_no_visible_string_outside_the_catalog(watched_demo, demo_trace):
     """In Chinese, every Latin word on the page comes from the Chinese catalog or the data; in English,
     every Chinese run comes from the English catalog or the data (tokens, traces). A string written in
     the code instead of the catalog shows up in the other language and fails this."""
@@ -923,9 +963,10 @@ def test_no_visible_string_outside_the_catalog(watched):
 
     from qkv.interpret.explorer.language import CATALOG
 
-    data = _json.dumps(TRACES, ensure_ascii=False) + "".join(F.TOKENS) + "KB MB GB TB"
+    data = (_json.dumps([PRACTICE, demo_trace], ensure_ascii=False) + "".join(F.TOKENS) + "KB MB GB TB"
+            + "qkv demo")
     for lang, word in (("zh", r"[A-Za-z]{2,}"), ("en", r"[\u2e80-\u9fff\uff00-\uffef]+")):
-        page = open_page(watched, lang=lang)
+        page = open_page(watched_demo, lang=lang)
         page.locator("[data-box=cross_attn]").click()
         page.get_by_test_id("teacher-next").click()
         pool = re.sub(r"<[^>]+>", "", " ".join(CATALOG[lang].values())) + data  # the text of its markup
@@ -970,12 +1011,15 @@ def test_the_language_follows_the_browser_and_the_toggle_persists(browser, serve
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_exported_page_in_each_language_works_from_file_url(watched, tmp_path, lang):
-    out = export_page(tmp_path / f"{lang}.html", lang=lang)
+def test_exported_page_in_each_language_works_from_file_url(watched, tmp_path, demo_trace, lang):
+    from qkv.cli import main
+
+    out = tmp_path / f"{lang}.html"
+    assert main(["explore", "--export", str(out), "--lang", lang]) == 0
     page = open_page(watched, out.as_uri(), lang=None)
     assert page.evaluate("window.QKVExplorer.lang") == lang
     assert percents(page)[0] == 57.0
-    assert step_to_the_end(page) == TRACES["teacher"]["target"]
+    assert step_to_the_end(page) == demo_trace["target"]
     assert page.get_by_test_id("practice-row").count() == 5
     assert all(u.startswith("file://") for u in watched.requests)
 

@@ -43,30 +43,6 @@ def test_run_dir_that_is_not_a_run(tmp_path, capsys):
     assert not (tmp_path / "p.html").exists()
 
 
-def test_run_with_provider_embeds_maps(tmp_path, capsys, monkeypatch):
-    from qkv.interpret import model_maps
-
-    seen = {}
-
-    def make_attention_provider(run_dir):
-        seen["run_dir"] = run_dir
-
-        def provider(text):
-            toks = list(text)
-            n = len(toks)
-            return {"maps": [{"name": "self", "query_tokens": toks, "key_tokens": toks,
-                              "weights": [[[1.0 / n] * n for _ in toks]]}]}
-        return provider
-
-    monkeypatch.setattr(model_maps, "make_attention_provider", make_attention_provider)
-    out = tmp_path / "p.html"
-    assert commands.cmd_explore(parse("--run", str(tmp_path), "--export", str(out))) == 2
-    assert "needs --text" in capsys.readouterr().err
-    assert commands.cmd_explore(parse("--run", str(tmp_path), "--export", str(out), "--text", "他想")) == 0
-    assert seen["run_dir"] == str(tmp_path)
-    assert 'id="qkv-model-data"' in out.read_text(encoding="utf-8")
-
-
 @pytest.mark.parametrize("argv,message", [
     (("--text", "x" * 501), "limit is 500"),
     (("--port", "70000"), "--port must be"),
@@ -86,18 +62,33 @@ def test_port_in_use_is_a_clear_error(capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port 0" in err
 
 
-def test_export_a_real_run_embeds_output_kinds_and_layers(mt_run, tmp_path, capsys):
+def test_export_a_real_run_embeds_the_model_it_runs(mt_run, tmp_path, capsys):
+    """The exported page carries the run's graphs, the runtime and what the page reads of them; no maps
+    computed ahead (the page computes them for whatever the reader types)."""
     import json
     import re
 
     out = tmp_path / "p.html"
     assert commands.cmd_explore(parse("--run", str(mt_run), "--export", str(out), "--text", "他想睡觉")) == 0
     html = out.read_text(encoding="utf-8")
-    data = json.loads(re.search(r'id="qkv-model-data">(.*?)</script>', html, flags=re.S).group(1))
-    assert data["text"] == "他想睡觉" and isinstance(data["output"], str)
-    assert [(m["kind"], m["layer"]) for m in data["maps"]] == [
-        (k, layer) for k in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
-    ]
+    live = json.loads(re.search(r'id="qkv-live">(.*?)</script>', html, flags=re.S).group(1))
+    assert live["default_text"] == "他想睡觉" and live["manifest"]["kind"] == "translation"
+    assert live["manifest"]["sizes"]["d_model"] == 16
+    files = re.findall(r'<script type="application/octet-stream" data-qkv-file="([^"]+)">', html)
+    assert sorted(files) == ["decoder.onnx", "encoder.onnx", live["wasm"]]
+    assert 'id="qkv-model-data"' not in html
+    assert "'wasm-unsafe-eval'" in html and "connect-src" not in html  # the file fetches nothing
+
+
+def test_a_site_is_a_folder_of_the_page_the_model_and_the_runtime(mt_run, tmp_path, capsys):
+    site = tmp_path / "site"
+    assert commands.cmd_explore(parse("--run", str(mt_run), "--site", str(site))) == 0
+    names = sorted(p.name for p in site.iterdir())
+    assert names == ["decoder.onnx", "encoder.onnx", "index.html", "ort-wasm-simd-threaded.wasm.gz"]
+    html = (site / "index.html").read_text(encoding="utf-8")
+    assert 'type="application/octet-stream"' not in html and "connect-src 'self'" in html
+    assert commands.cmd_explore(parse("--export", str(tmp_path / "a.html"), "--site", str(site))) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_lang_is_checked_and_written_into_the_export(tmp_path, capsys):

@@ -86,21 +86,28 @@ def test_trace_providers_by_kind(mt_run, gpt_run):
 # ---------------------------------------------------------------- what the page embeds
 
 
-def test_the_embedded_traces_are_consistent():
+def test_the_practice_example_is_consistent():
     from qkv.interpret.explorer.constants import CONSTANTS
-    from qkv.interpret.explorer.embedded import SEED_TEXT, load
+    from qkv.interpret.explorer.embedded import load
 
-    traces = load()
-    teacher, practice = traces["teacher"], traces["practice"]
-    assert teacher["source"] == SEED_TEXT
-    assert len(teacher["read"]) == 10  # the first article's ten positions
-    assert [s["chosen"] for s in teacher["steps"]] == teacher["target"]
-    assert [r["top"][0][0] for r in teacher["teacher"]] == teacher["target"]  # the trained demo gets every one
-    assert teacher["output"] == "Xiaoming is tired, he wants to sleep."
+    practice = load()
     assert practice["text"] == CONSTANTS["PRACTICE_TEXT"]
     assert [("".join(p["prefix"]), p["answer"]) for p in practice["problems"]][1:3] == [("今天", "天"), ("今天天", "气")]
     for p in practice["problems"]:
         assert p["nll"] == pytest.approx(-math.log(p["p"]), rel=1e-4)
+
+
+def test_the_packaged_demo_model_answers_the_first_articles_question():
+    """The model the package carries (figures 9 and 11 with no --run) writes "he" for 他, every step its first choice."""
+    from qkv.data.synthetic import SEED_SENTENCE
+    from qkv.interpret.explorer.embedded import DEMO_MODEL
+
+    provide, kind = make_trace_provider(DEMO_MODEL)
+    teacher = provide(SEED_SENTENCE[0])
+    assert kind == "translation" and len(teacher["read"]) == 10  # the first article's ten positions
+    assert [s["chosen"] for s in teacher["steps"]] == teacher["target"]
+    assert [r["top"][0][0] for r in teacher["teacher"]] == teacher["target"]
+    assert teacher["output"] == SEED_SENTENCE[1]
 
 
 def test_the_embedded_table3_rows_are_the_committed_results():

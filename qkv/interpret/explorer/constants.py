@@ -3,7 +3,7 @@
 The page loads ``constants.js`` as a script (an exported page must work from ``file://``, where
 ``fetch()`` does not); Python reads the same file as JSON: the object from the line that assigns it
 (``globalThis.QKVConstants = {``) to the last closing brace. The other data files of the page
-(catalog.js, traces.js, table3.js) are read the same way.
+(catalog.js, practice.js, table3.js) are read the same way.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@
       connected = Promise.resolve(pageSource(config));
     } else if (location.protocol === "http:" || location.protocol === "https:") {
       connected = fetch("/api/status").then(function (r) { return r.ok ? r.json() : null; }).then(function (status) {
-        return status && status.model ? serverSource(status) : (status ? { status: status } : null);
+        return status && (status.model || status.trace) ? serverSource(status) : (status ? { status: status } : null);
       }).catch(function () { return null; });
     } else {
       connected = Promise.resolve(null);

@@ -388,7 +388,7 @@
     var body = $("teacher-body");
     if (source && source.trace && source.status.trace === "translation") {
       traceForm(body, source, { aria: "teacher.text_aria", run: "teacher.run", busy: "teacher.busy", model: "teacher.model_live",
-                                testid: "teacher-out" }, source.status.default_text || "", renderTeacher);
+                                testid: "teacher-out" }, source.status.default_text || C.SEED_TEXT, renderTeacher);
       return;
     }
     body.appendChild(hx("p", { "class": "label" }, "teacher.no_translator"));

@@ -27,6 +27,7 @@
  * PAPER: the base model's sizes (Section 3, Table 3), which the stack and multi-head figures show.
  * COST_*: the table's cost: up to COST_MAX_TOKENS tokens, 4 bytes (fp32) a score.
  * PRACTICE_TEXT: the second article's practice sentence for GPT (its section 5).
+ * SEED_TEXT: the first article's sentence, which a translator's live figures start on.
  * KINDS: the kinds of attention map of the model figure, in the order the page shows them.
  */
 globalThis.QKVConstants = {
@@ -79,5 +80,6 @@ globalThis.QKVConstants = {
   "COST_DEFAULT_TOKENS": 10,
   "COST_BYTES_PER_SCORE": 4,
   "PRACTICE_TEXT": "今天天气很好",
+  "SEED_TEXT": "小明累了，他想睡觉。",
   "KINDS": ["encoder_self", "decoder_self", "cross", "self"]
 };

@@ -98,7 +98,7 @@
       body.appendChild(h("p", { "class": "caption", text: T(caption || "fig6.notebook") }));
       return renderModel(body, data, { showInput: true, pronounHead: data.pronoun_head });
     }
-    if (source && source.attention) return setupLive(body, source);
+    if (source && source.attention && source.status.model) return setupLive(body, source);
   }
 
   function showError(parent, message) {

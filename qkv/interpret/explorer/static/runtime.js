@@ -6,8 +6,8 @@
  * it between steps and reorders its rows for beam search. Every graph takes a weight per head (1 on,
  * 0 off) and hands back every head's attention, which the figures draw.
  *
- * Where the bytes come from: an exported page carries them inside itself, base64 in
- * <script type="application/octet-stream" data-qkv-file="NAME">, so it works from file:// with no
+ * Where the bytes come from: an exported page carries them inside itself, base64 in a script element
+ * of type application/octet-stream that its data-qkv-file attribute names, so it works from file:// with no
  * network; a site (`qkv explore --site`) fetches NAME from beside index.html. The runtime's wasm is
  * stored gzipped (a quarter of its size) and unpacked by the browser's DecompressionStream.
  *
