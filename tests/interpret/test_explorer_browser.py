@@ -933,7 +933,7 @@ def test_practice_problems_from_a_gpt_run(watched, server, gpt_run):
         rows = page.get_by_test_id("practice-row")
         rows.first.wait_for()
         page.locator("#practice .trace-text").fill("Xiaoming is tired")
-        page.locator("#practice button.primary").click()
+        page.locator("#practice button[type=submit]").click()
         expected = provide("Xiaoming is tired")
         expect(rows).to_have_count(len(expected["problems"]))
         expect(rows.first).to_contain_text(expected["problems"][0]["prefix"][0])
@@ -1069,3 +1069,259 @@ def test_the_model_figure_opens_on_the_head_qkv_explain_found(watched, server):
     finally:
         server.attention_provider = server.pronoun_head = None
         server.default_text = ""
+
+
+# ---------------------------------------------------------------- the model in the page (no Python, no server)
+
+LIVE_TEXTS = ["小明累了，他想睡觉。", "小红饿了，她想回家。", "小刚和小丽在公园唱歌，他们很高兴。"]
+
+
+@pytest.fixture(scope="module")
+def live_pages(tmp_path_factory, mt_run, gpt_run):
+    """`qkv explore --run R --export page.html` of the tiny translator and the tiny GPT, and a site of the first."""
+    from qkv.cli import main
+
+    root = tmp_path_factory.mktemp("live")
+    pages = {"mt": root / "mt.html", "gpt": root / "gpt.html", "site": root / "site"}
+    assert main(["explore", "--run", str(mt_run), "--export", str(pages["mt"])]) == 0
+    assert main(["explore", "--run", str(gpt_run), "--export", str(pages["gpt"])]) == 0
+    assert main(["explore", "--run", str(mt_run), "--site", str(pages["site"])]) == 0
+    return pages
+
+
+def ask_fig6(page, text: str, beam: int = 1) -> dict:
+    """Type ``text`` into the model figure, choose the search, press the button; what the figure drew."""
+    out = page.locator("#fig6-output")
+    before = out.get_attribute("data-done")
+    page.locator("#fig6-text").fill(text)
+    if page.locator("#fig6-beam").count():
+        page.locator("#fig6-beam").select_option(str(beam))
+    page.locator("#fig6-run").click()
+    page.wait_for_selector(f"#fig6-output[data-done]:not([data-done='{before}'])", state="attached", timeout=60_000)
+    return page.evaluate("document.getElementById('fig6-output').qkvAnswer || null")
+
+
+def shown_output(page) -> str:
+    return page.get_by_test_id("fig6-output-text").text_content()
+
+
+def assert_maps_equal(got: list[dict], expected: list[dict], atol: float = 1e-4):
+    assert [(m["kind"], m["layer"]) for m in got] == [(m["kind"], m["layer"]) for m in expected]
+    for g, e in zip(got, expected):
+        assert g["query_tokens"] == e["query_tokens"] and g["key_tokens"] == e["key_tokens"], g["name"]
+        np.testing.assert_allclose(np.array(g["weights"]), np.asarray(e["weights"]), atol=atol, rtol=0, err_msg=g["name"])
+
+
+def test_the_exported_page_translates_what_a_reader_types(watched, live_pages, mt_run):
+    """From file://, every request outside the page refused: three sentences typed (the last one never in
+    the corpus), each translated greedily and by beam 4 exactly as `qkv translate` does, and every
+    attention row drawn equal to PyTorch's (within 1e-4)."""
+    from qkv.data.synthetic import demo_corpus
+    from qkv.generation.api import Translator
+    from qkv.interpret.model_maps import translation_maps
+
+    assert LIVE_TEXTS[2] not in demo_corpus(0, 400, 8, 8)["train"][0]
+    tr = Translator.from_run(mt_run, device="cpu")
+    page = open_page(watched, live_pages["mt"].as_uri())
+    assert page.get_by_test_id("fig6-live").count() == 1
+    for text in LIVE_TEXTS:
+        for beam in (1, 4):
+            data = ask_fig6(page, text, beam)
+            assert shown_output(page) == (tr.translate(text, beam=beam) or shown_output(page)), (text, beam)
+            assert data["output"] == tr.translate(text, beam=beam), (text, beam)
+            assert_maps_equal(data["maps"], translation_maps(tr, text, beam)["maps"])
+    assert all(u.startswith("file://") for u in watched.requests)
+
+
+def test_a_head_switched_off_in_the_page_is_the_servers_answer(watched, live_pages, mt_run):
+    from playwright.sync_api import expect
+
+    from qkv.interpret.model_maps import make_attention_provider
+
+    provide = make_attention_provider(mt_run)
+    page = open_page(watched, live_pages["mt"].as_uri())
+    for kind, layer, head in (("cross", 1, 0), ("encoder_self", 0, 1), ("decoder_self", 1, 1)):
+        ask_fig6(page, LIVE_TEXTS[0])
+        page.locator(f"#fig6-kinds [data-kind={kind}]").click()
+        page.locator(f"[data-testid=fig6-cell][data-layer='{layer}'][data-head='{head}']").click()
+        before = page.locator("#fig6-output").get_attribute("data-done")
+        page.get_by_test_id("fig6-switch").click()
+        page.wait_for_selector(f"#fig6-output[data-done]:not([data-done='{before}'])", state="attached", timeout=60_000)
+        expected = provide(LIVE_TEXTS[0], off=[(kind, layer, head)])
+        data = page.evaluate("document.getElementById('fig6-output').qkvAnswer")
+        assert data["output"] == expected["output"] and data["output_all_heads"] == expected["output_all_heads"]
+        expect(page.get_by_test_id("fig6-output-all")).to_have_text(expected["output_all_heads"])
+        assert_maps_equal(data["maps"], expected["maps"])
+        page.get_by_test_id("fig6-all-on").click()
+        page.wait_for_selector("#fig6-output:not(.busy)", state="attached")
+
+
+def test_figure_9_in_the_page_is_the_servers_trace(watched, live_pages, mt_run):
+    from qkv.interpret.traces import make_trace_provider
+
+    provide, _ = make_trace_provider(mt_run)
+    page = open_page(watched, live_pages["mt"].as_uri())
+    for text in LIVE_TEXTS[1:]:
+        out = page.get_by_test_id("teacher-out")
+        before = out.get_attribute("data-done")
+        page.locator("#teacher .trace-text").fill(text)
+        page.locator("#teacher button[type=submit]").click()
+        page.wait_for_selector(f"[data-testid=teacher-out]:not([data-done='{before}'])", state="attached", timeout=60_000)
+        got = page.evaluate("document.querySelector('[data-testid=teacher-out]').qkvAnswer")
+        expected = provide(text)
+        for key in ("source_tokens", "output", "read", "target"):
+            assert got[key] == expected[key], key
+        np.testing.assert_allclose(got["self_weights"], expected["self_weights"], atol=1e-4)
+        for g, e in zip(got["steps"], expected["steps"]):
+            assert g["chosen"] == e["chosen"] and [c[0] for c in g["top"]][:1] == [c[0] for c in e["top"]][:1]
+            np.testing.assert_allclose(g["cross"], e["cross"], atol=1e-4)
+        assert step_to_the_end(page) == expected["target"]
+
+
+def test_a_gpt_page_continues_a_prompt_token_by_token(watched, live_pages, gpt_run):
+    from qkv.interpret.model_maps import completion_maps
+    from qkv.interpret.traces import practice_trace
+    from qkv.runs import load_model
+
+    model, tok = load_model(gpt_run, device="cpu")
+    page = open_page(watched, live_pages["gpt"].as_uri())
+    for text in ("Xiaoming is", "he wants"):
+        data = ask_fig6(page, text)
+        expected = completion_maps(model, tok, text)
+        assert data["output"] == expected["output"]
+        assert_maps_equal(data["maps"], expected["maps"])
+    out = page.get_by_test_id("practice-out")
+    before = out.get_attribute("data-done")
+    page.locator("#practice .trace-text").fill("Xiaoming is tired")
+    page.locator("#practice button[type=submit]").click()
+    page.wait_for_selector(f"[data-testid=practice-out]:not([data-done='{before}'])", state="attached", timeout=60_000)
+    nll = [float(r.get_attribute("data-nll")) for r in page.get_by_test_id("practice-row").all()]
+    np.testing.assert_allclose(nll, [p["nll"] for p in practice_trace(model, tok, "Xiaoming is tired")["problems"]], atol=1e-4)
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_bad_input_gets_a_message_in_the_readers_language(watched, live_pages, mt_run, lang):
+    from qkv.generation.api import Translator
+    from qkv.interpret.explorer.language import CATALOG
+
+    def said(key, **slots):
+        import html
+        import re
+        text = CATALOG[lang][key]
+        for k, v in slots.items():
+            text = text.replace("{" + k + "}", str(v))
+        return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+    tr = Translator.from_run(mt_run, device="cpu")
+    page = open_page(watched, live_pages["mt"].as_uri() + f"?lang={lang}", lang=None)
+    ask_fig6(page, "   ")
+    assert page.get_by_test_id("fig6-error").text_content() == said("input.empty")
+    long = "小明累了。" * 2000  # 10,000 characters
+    page.evaluate("t => { document.getElementById('fig6-text').removeAttribute('maxlength'); }", None)
+    ask_fig6(page, long)
+    assert page.get_by_test_id("fig6-error").text_content() == said("input.too_long", n=10000, max=500)
+    data = ask_fig6(page, "小明😀累了。")
+    assert data["output"] == tr.translate("小明😀累了。", beam=1)
+    assert "😀" in page.get_by_test_id("fig6-note").first.text_content()
+    # A lone surrogate (a paste can carry one): replaced by U+FFFD, said so, and translated.
+    page.evaluate("() => { document.getElementById('fig6-text').value = '\\ud800小明累了。'; }")
+    before = page.locator("#fig6-output").get_attribute("data-done")
+    page.locator("#fig6-run").click()
+    page.wait_for_selector(f"#fig6-output[data-done]:not([data-done='{before}'])", state="attached")
+    notes = " ".join(page.get_by_test_id("fig6-note").all_text_contents())
+    assert said("input.surrogate") in notes
+    # ... and the page keeps working.
+    ask_fig6(page, LIVE_TEXTS[0])
+    assert shown_output(page) == tr.translate(LIVE_TEXTS[0], beam=1)
+    assert page.get_by_test_id("fig6-error").count() == 0
+
+
+def test_the_page_tokenizes_as_the_run_does(watched, live_pages, mt_run):
+    from qkv.data.synthetic import demo_corpus
+    from qkv.runs import load_model
+
+    _, tok = load_model(mt_run, device="cpu")
+    texts = list(demo_corpus(0, 50, 8, 8)["train"][0]) + list(demo_corpus(0, 50, 8, 8)["train"][1]) + [
+        "  Hello,  world!  ", "小明.累了", "<unk>他<eos>", "e\u0301te\u0301", "tab\there", "x\n y", "???", "他他他",
+        "Xiaoming's (tired) — 'really'?", "ＡＢＣ１２３", "😀 emoji", "",
+    ]
+    page = open_page(watched, live_pages["mt"].as_uri())
+    got = page.evaluate("""async (texts) => {
+        const a = window.QKVExplorer.answers;
+        const m = await a.ready;
+        return texts.map(t => m.tokenizer.encode(t));
+    }""", texts)
+    for text, ids in zip(texts, got):
+        assert ids == tok.encode(text), text
+
+
+def test_the_pages_font_holds_every_character_the_model_reads_or_writes(live_pages, mt_run):
+    import base64
+    import io
+    import re
+
+    from fontTools.ttLib import TTFont
+
+    from qkv.runs import load_model
+
+    _, tok = load_model(mt_run, device="cpu")
+    html = live_pages["mt"].read_text(encoding="utf-8")
+    font = TTFont(io.BytesIO(base64.b64decode(re.search(r"data:font/woff2;base64,([A-Za-z0-9+/=]+)", html).group(1))))
+    cmap = font.getBestCmap()
+    cjk = {c for i in range(tok.vocab_size) for c in tok.id_to_token(i) if "\u2e80" <= c <= "\uffef" and c != "\u2581"}
+    assert cjk and all(ord(c) in cmap for c in cjk), sorted(c for c in cjk if ord(c) not in cmap)
+
+
+def test_the_site_works_from_a_static_host(browser, live_pages, mt_run):
+    """`--site`: served as it is by a plain static server (Python's), the page fetches its model and runtime
+    from its own origin and translates."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from qkv.generation.api import Translator
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(live_pages["site"])))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    class Site:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    try:
+        for w in watch(browser, Site):
+            page = open_page(w)
+            data = ask_fig6(page, LIVE_TEXTS[2])
+            assert data["output"] == Translator.from_run(mt_run, device="cpu").translate(LIVE_TEXTS[2], beam=1)
+            assert any(u.endswith("/encoder.onnx") for u in w.requests)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_screenshots_of_the_live_figures_after_a_new_sentence(watched_without_cjk, artifacts, lang):
+    """The packaged demo's exported page, figures 9 and 11 after typing a sentence of one's own."""
+    import shutil
+    import tempfile
+
+    from qkv.cli import main
+
+    folder = Path(tempfile.mkdtemp())
+    try:
+        out = folder / "page.html"
+        assert main(["explore", "--export", str(out), "--lang", lang]) == 0
+        page = open_page(watched_without_cjk, out.as_uri(), lang=None)
+        ask_fig6(page, "小丽在学校很高兴，她想唱歌。")
+        page.locator("#fig6-kinds [data-kind=cross]").click()
+        page.locator("#fig6").screenshot(path=str(artifacts / f"live-{lang}-fig11.png"))
+        page.locator("#teacher .trace-text").fill("小丽在学校很高兴，她想唱歌。")
+        before = page.get_by_test_id("teacher-out").get_attribute("data-done")
+        page.locator("#teacher button[type=submit]").click()
+        page.wait_for_selector(f"[data-testid=teacher-out]:not([data-done='{before}'])", state="attached")
+        for _ in range(4):
+            page.get_by_test_id("teacher-next").click()
+        page.locator("#teacher").screenshot(path=str(artifacts / f"live-{lang}-fig9.png"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -246,6 +246,7 @@
       source.trace(input.value).then(function (tr) {
         if (mine !== asked) return;
         out.textContent = "";
+        out.qkvAnswer = tr;
         (tr.notes || []).forEach(function (n) { out.appendChild(h("p", { "class": "note", role: "status", text: n })); });
         render(out, tr);
       }).catch(function (err) {

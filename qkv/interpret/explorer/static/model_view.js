@@ -158,6 +158,7 @@
       source.attention(input.value, fig6Memory.off.slice(), beamSel ? Number(beamSel.value) : 1).then(function (data) {
         if (mine !== asked) return;
         out.textContent = "";
+        out.qkvAnswer = data;  // what is drawn, for a test to read beside the drawing
         showNotes(out, data);
         renderModel(out, data, { toggleHead: toggleHead, allOn: allOn, pronounHead: status.pronoun_head });
       }).catch(function (err) {
