@@ -85,13 +85,18 @@ def browser_without_cjk(playwright, tmp_path_factory):
     b.close()
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = make_server(quiet=True)
+def serving(**options):
+    """A running explorer server on 127.0.0.1 (make_server's ``options``), stopped when the fixture ends."""
+    srv = make_server(quiet=True, **options)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serving()
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +106,7 @@ def demo_server():
     from qkv.data.synthetic import SEED_SENTENCE
     from qkv.interpret.explorer.embedded import DEMO_MODEL
 
-    srv = make_server(quiet=True, default_text=SEED_SENTENCE[0], model_name="qkv demo", **_load_views(str(DEMO_MODEL)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    yield from serving(default_text=SEED_SENTENCE[0], model_name="qkv demo", **_load_views(str(DEMO_MODEL)))
 
 
 @pytest.fixture(scope="module")

@@ -130,3 +130,33 @@ def test_normalize_refuses_huge_payloads():
                       "weights": np.full((8, n, n), 1.0 / n)} for i in range(2)]}
     with pytest.raises(AttentionDataError, match="too large"):
         normalize_attention_data(data)
+
+
+def test_the_vendored_runtime_is_the_files_its_record_names(tmp_path, monkeypatch):
+    """onnxruntime-web in the package: pinned, each file's sha256 recorded, its license beside it; a file
+    changed since is refused, never shipped in a page."""
+    import hashlib
+    import json
+    import shutil
+
+    from qkv.interpret.explorer import vendored
+
+    record = json.loads(vendored.RECORD.read_text(encoding="utf-8"))
+    assert record["package"] == "onnxruntime-web" and record["version"] == vendored.VERSION
+    assert record["refresh"] == "python -m qkv.interpret.explorer.vendored --refresh"
+    for name, digest in record["sha256"].items():
+        assert hashlib.sha256((vendored.FOLDER / name).read_bytes()).hexdigest() == digest, name
+    assert "Permission is hereby granted" in (vendored.FOLDER / vendored.LICENSE).read_text(encoding="utf-8")
+    script = vendored.runtime_script()
+    assert "globalThis.ort={" in script and "InferenceSession:" in script and "export{" not in script[-2000:]
+    copy = tmp_path / "onnxruntime-web"
+    shutil.copytree(vendored.FOLDER, copy)
+    (copy / vendored.SCRIPT).write_text("/* changed */", encoding="utf-8")
+    monkeypatch.setattr(vendored, "FOLDER", copy)
+    monkeypatch.setattr(vendored, "RECORD", copy / "VENDOR.json")
+    vendored._checked.cache_clear()
+    try:
+        with pytest.raises(vendored.VendorError, match="not the file"):
+            vendored.runtime_script()
+    finally:
+        vendored._checked.cache_clear()
