@@ -442,7 +442,7 @@ def test_figure6_with_a_model(watched, server, artifacts):
     server.default_text = "小明累了"
     try:
         page = open_page(watched)
-        heat = page.get_by_test_id("fig6-heatmap").locator("rect")
+        heat = page.get_by_test_id("fig6-heatmap").locator("g.cell")
         expect(heat).to_have_count(16)  # default text: 4 x 4
         page.locator("#fig6-text").fill("他想睡觉了")
         page.locator("#fig6-run").click()
@@ -594,7 +594,7 @@ def test_figure6_head_and_model_view_of_a_real_model(watched, server, real_paylo
         assert page.locator("#fig6-layer").input_value() == "0" and page.locator("#fig6-head").input_value() == "1"
         cross0 = find_map(payload, "cross", 0)
         rects = page.eval_on_selector_all(
-            "[data-testid=fig6-heatmap] rect", "els => els.map(e => [e.dataset.r, e.dataset.l, e.dataset.weight])"
+            "[data-testid=fig6-heatmap] g.cell", "els => els.map(e => [e.dataset.r, e.dataset.l, e.dataset.weight])"
         )
         w = cross0["weights"][1].numpy()
         assert len(rects) == w.size
@@ -662,7 +662,7 @@ def test_exported_page_works_from_file_url(watched, tmp_path, artifacts):
     tokens = ["小明", "累了", "，", "他", "想"]
     out = export_page(tmp_path / "page.html", maps_for(tokens))
     page = open_page(watched, out.as_uri())
-    assert page.get_by_test_id("fig6-heatmap").locator("rect").count() == 25
+    assert page.get_by_test_id("fig6-heatmap").locator("g.cell").count() == 25
     assert round(sum(percents(page)), 1) == 100.0
     drag_tip_to(page, [-1.0, -1.5])
     assert round(sum(percents(page)), 1) == 100.0

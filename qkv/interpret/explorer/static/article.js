@@ -302,22 +302,22 @@
     function drawMask(soft) {
       before.setAttribute("aria-pressed", String(!soft));
       after.setAttribute("aria-pressed", String(soft));
-      var table = h("table", { "class": "mask", "data-testid": "teacher-mask", "data-softmax": String(soft) });
-      table.appendChild(h("tr", {}, [h("th")].concat(tr.read.map(function (t) { return h("th", { "class": "ttok", text: t }); }))));
-      for (var i = 0; i < n; i++) {
-        var row = h("tr", {}, [h("th", { "class": "ttok", text: tr.read[i] })]);
-        for (var j = 0; j < n; j++) {
-          var future = j > i, w = tr.self_weights[i][j];
-          var text = future ? (soft ? "0" : "−∞") : soft ? pct(100 * w, 0) : fmt(tr.self_log_weights[i][j], 1);
-          var cell = h("td", { "class": "mcell" + (future ? " future" : ""), "data-testid": "teacher-mask-cell",
-            "data-i": String(i), "data-j": String(j), "data-weight": String(w), text: text });
-          if (!future) cell.style.background = D.tint("#2e9a6e", 0.08 + 0.8 * Math.sqrt(w));
-          row.appendChild(cell);
-        }
-        table.appendChild(row);
-      }
       maskBox.textContent = "";
-      maskBox.appendChild(table);
+      var grid = D.weightGrid(maskBox, {
+        rows: tr.read, cols: tr.read, color: "#2e9a6e", cell: 42, width: 520, aria: plain("teacher.mask_aria"),
+        weight: function (i, j) { return j > i ? null : tr.self_weights[i][j]; },
+        shade: function (w) { return 0.08 + 0.8 * Math.sqrt(w); },
+        text: function (i, j) {
+          if (j > i) return soft ? "0" : "\u2212\u221e";
+          return soft ? pct(100 * tr.self_weights[i][j], 0) : fmt(tr.self_log_weights[i][j], 1);
+        },
+        attrs: function (i, j) {
+          return { "data-testid": "teacher-mask-cell", "data-i": String(i), "data-j": String(j),
+                   "data-weight": String(tr.self_weights[i][j]) };
+        }
+      });
+      grid.setAttribute("data-testid", "teacher-mask");
+      grid.setAttribute("data-softmax", String(soft));
       note.innerHTML = T(soft ? "teacher.mask_note_after" : "teacher.mask_note_before");
     }
     before.addEventListener("click", function () { drawMask(false); });

@@ -1,6 +1,6 @@
 /*
  * draw.js: what every figure of the explorer page draws with: DOM and SVG helpers, number formats,
- * the token colours and a 2-D plot with axes. Exposed as globalThis.QKVDraw; no figure of its own.
+ * the token colours, a 2-D plot with axes and the grid every table of weights is drawn as. Exposed as globalThis.QKVDraw; no figure of its own.
  */
 (function () {
   "use strict";
@@ -125,8 +125,86 @@
     return Promise.race([load, wait]);
   }
 
+  // ------------------------------------------------------------------ a grid of weights
+  // Every table of attention weights on the page is drawn here (figure 9's masked score table, figure
+  // 11's heat map of one head): a cell per (row, column) tinted by its weight, the row and column labels,
+  // an optional number in each cell, and the cell under the pointer named in `info`. Above
+  // GRID_CANVAS_CELLS cells, one canvas instead (250,000 SVG elements would freeze the page).
+  //
+  // spec: {rows, cols: labels; weight(r, c): in [0, 1], or null for a masked cell (drawn grey);
+  //        text(r, c): the cell's number ("" for none; shown when a cell is large enough); color;
+  //        shade(w): how much of the colour a weight takes (default 0.04 + 0.96 w); info: an element
+  //        (or null) and describe(r, c) its line; attrs(r, c): the cell's attributes (test ids, data-*);
+  //        cell: the largest cell, px; width, height: the room, px; caption: info's line at rest; aria}
+  var GRID_CANVAS_CELLS = 6400;
+  var MASKED = "#f1f1f1";
+
+  function weightGrid(parent, spec) {
+    var nR = spec.rows.length, nC = spec.cols.length, color = spec.color || "#2f6fd0";
+    var shade = spec.shade || function (w) { return 0.04 + 0.96 * Math.min(1, Math.max(0, w)); };
+    function fill(r, c) {
+      var w = spec.weight(r, c);
+      return w === null ? MASKED : tint(color, shade(w));
+    }
+    function describe(r, c) { if (spec.info && spec.describe) spec.info.textContent = spec.describe(r, c); }
+    if (nR * nC > GRID_CANVAS_CELLS) return gridCanvas(parent, spec, nR, nC, fill, describe);
+    // Square cells that fit the room; a tall grid (many rows, few columns) scrolls.
+    var cell = Math.max(6, Math.min(spec.cell || 44, Math.floor((spec.width || 360) / Math.max(nC, 1)),
+      Math.floor((spec.height || 900) / Math.max(nR, 1))));
+    var labels = cell >= 12;
+    var left = labels ? 90 : 10, top = labels ? 70 : 10;
+    var W = left + nC * cell + (labels ? 50 : 10), H = top + nR * cell + 10; // room for the slanted column labels
+    // Natural size (capped by CSS max-width): a short sentence stays small instead of filling the page.
+    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": spec.aria });
+    function label(t) { return t.length > 10 ? t.slice(0, 9) + "\u2026" : t; }
+    if (labels) {
+      spec.cols.forEach(function (t, c) {
+        var x = left + c * cell + cell / 2;
+        s("text", { x: x, y: top - 6, transform: "rotate(-50 " + x + " " + (top - 6) + ")", text: label(t) }, svg);
+      });
+      spec.rows.forEach(function (t, r) { s("text", { x: left - 6, y: top + r * cell + cell * 0.68, "text-anchor": "end", text: label(t) }, svg); });
+    }
+    var g = s("g", {}, svg);
+    for (var r = 0; r < nR; r++) {
+      for (var c = 0; c < nC; c++) {
+        var box = s("g", Object.assign({ "class": "cell", "data-r": String(r), "data-l": String(c) }, spec.attrs ? spec.attrs(r, c) : {}), g);
+        s("rect", { x: left + c * cell, y: top + r * cell, width: cell - 1, height: cell - 1, fill: fill(r, c) }, box);
+        var text = spec.text ? spec.text(r, c) : "";
+        if (text && cell >= 24) {
+          var w = spec.weight(r, c);
+          s("text", { x: left + c * cell + (cell - 1) / 2, y: top + r * cell + cell * 0.62, "text-anchor": "middle",
+            "class": "cellpct" + (w === null ? " masked" : w > 0.5 ? " dark" : ""), text: text }, box);
+        }
+        box.addEventListener("mouseenter", describe.bind(null, r, c));
+      }
+    }
+    if (spec.info) spec.info.textContent = spec.caption || "";
+    parent.appendChild(svg);
+    return svg;
+  }
+
+  function gridCanvas(parent, spec, nR, nC, fill, describe) {
+    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(nR, nC))));
+    var canvas = h("canvas", { width: String(nC * cell), height: String(nR * cell), "class": "heatmap-canvas", "aria-label": spec.aria });
+    var ctx = canvas.getContext("2d");
+    for (var r = 0; r < nR; r++) {
+      for (var c = 0; c < nC; c++) {
+        ctx.fillStyle = fill(r, c);
+        ctx.fillRect(c * cell, r * cell, cell, cell);
+      }
+    }
+    canvas.addEventListener("mousemove", function (e) {
+      var box = canvas.getBoundingClientRect();
+      var c = Math.floor((e.clientX - box.left) / box.width * nC), r = Math.floor((e.clientY - box.top) / box.height * nR);
+      if (r >= 0 && r < nR && c >= 0 && c < nC) describe(r, c);
+    });
+    if (spec.info) spec.info.textContent = spec.canvasCaption || spec.caption || "";
+    parent.appendChild(canvas);
+    return canvas;
+  }
+
   globalThis.QKVDraw = {
     $: $, h: h, s: s, setAttrs: setAttrs, tokChip: tokChip, fmt: fmt, pct: pct, vec: vec, tint: tint, makePlot: makePlot, point: point, COLORS: COLORS, SVGNS: SVGNS,
-    cjkFaceLoaded: cjkFaceLoaded
+    cjkFaceLoaded: cjkFaceLoaded, weightGrid: weightGrid
   };
 })();

@@ -620,70 +620,19 @@
     };
   }
 
-  // Long texts: one canvas instead of nT x L SVG rectangles (250,000 elements would freeze the page).
-  function heatmapCanvas(parent, qTok, kTok, w, info, color) {
-    var nT = qTok.length, L = kTok.length;
-    var cell = Math.max(1, Math.min(8, Math.floor(900 / Math.max(nT, L))));
-    var canvas = h("canvas", { width: String(L * cell), height: String(nT * cell), "class": "heatmap-canvas",
-      "aria-label": T("fig6.hm_canvas_aria", { t: nT, l: L }) });
-    var ctx = canvas.getContext("2d");
-    for (var r = 0; r < nT; r++) {
-      for (var l = 0; l < L; l++) {
-        ctx.fillStyle = tint(color, 0.04 + 0.96 * clamp01(w[r][l]));
-        ctx.fillRect(l * cell, r * cell, cell, cell);
-      }
-    }
-    canvas.addEventListener("mousemove", function (e) {
-      var box = canvas.getBoundingClientRect();
-      var ll = Math.floor((e.clientX - box.left) / box.width * L), rr = Math.floor((e.clientY - box.top) / box.height * nT);
-      if (rr >= 0 && rr < nT && ll >= 0 && ll < L) info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
-    });
-    info.textContent = T("fig6.hm_canvas", { t: nT, l: L });
-    parent.appendChild(canvas);
-  }
-
+  // The heat map of one head (or of the mean): draw.js's grid of weights, the cell's percentage shown.
   function heatmap(parent, qTok, kTok, w, info, color) {
-    color = color || "#2f6fd0";
     var nT = qTok.length, L = kTok.length;
-    if (nT * L > 6400) { heatmapCanvas(parent, qTok, kTok, w, info, color); return; }
-    // Square cells that fit the panel's width; a tall map (many queries, few keys) scrolls.
-    var cell = Math.max(6, Math.min(44, Math.floor(360 / Math.max(L, 1)), Math.floor(900 / Math.max(nT, 1))));
-    var labels = cell >= 12;
-    var left = labels ? 90 : 10, top = labels ? 70 : 10;
-    var W = left + L * cell + (labels ? 50 : 10), H = top + nT * cell + 10; // room for the slanted key labels
-    // Natural size (capped by CSS max-width): a short sentence stays small instead of filling the page.
-    var svg = s("svg", { "class": "heatmap", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": plain("fig6.hm_aria") });
-    function label(t) { return t.length > 10 ? t.slice(0, 9) + "…" : t; }
-    if (labels) {
-      kTok.forEach(function (t, l) {
-        var x = left + l * cell + cell / 2;
-        s("text", { x: x, y: top - 6, transform: "rotate(-50 " + x + " " + (top - 6) + ")", text: label(t) }, svg);
-      });
-      qTok.forEach(function (t, r) { s("text", { x: left - 6, y: top + r * cell + cell * 0.68, "text-anchor": "end", text: label(t) }, svg); });
-    }
-    var g = s("g", {}, svg);
-    for (var r = 0; r < nT; r++) {
-      for (var l = 0; l < L; l++) {
-        var rect = s("rect", {
-          x: left + l * cell, y: top + r * cell, width: cell - 1, height: cell - 1,
-          fill: tint(color, 0.04 + 0.96 * clamp01(w[r][l])),
-          "data-r": String(r), "data-l": String(l), "data-weight": String(w[r][l])
-        }, g);
-        rect.addEventListener("mouseenter", onHover);
-        if (cell >= 30 && w[r][l] > 0) { // masked (exactly zero) cells stay blank
-          s("text", {
-            x: left + l * cell + (cell - 1) / 2, y: top + r * cell + cell * 0.62, "text-anchor": "middle",
-            "class": "cellpct" + (w[r][l] > 0.5 ? " dark" : ""), text: (100 * w[r][l]).toFixed(0)
-          }, g);
-        }
-      }
-    }
-    function onHover(e) {
-      var rr = Number(e.target.getAttribute("data-r")), ll = Number(e.target.getAttribute("data-l"));
-      info.textContent = qTok[rr] + " → " + kTok[ll] + ": " + pct(100 * w[rr][ll]);
-    }
-    info.textContent = T("fig6.hm_rows");
-    parent.appendChild(svg);
+    D.weightGrid(parent, {
+      rows: qTok, cols: kTok, color: color || "#2f6fd0", info: info, aria: nT * L > 6400
+        ? plain("fig6.hm_canvas_aria", { t: nT, l: L }) : plain("fig6.hm_aria"),
+      weight: function (r, l) { return w[r][l]; },
+      // masked (exactly zero) cells stay blank
+      text: function (r, l) { return w[r][l] > 0 ? (100 * w[r][l]).toFixed(0) : ""; },
+      attrs: function (r, l) { return { "data-weight": String(w[r][l]) }; },
+      describe: function (r, l) { return qTok[r] + " \u2192 " + kTok[l] + ": " + pct(100 * w[r][l]); },
+      caption: T("fig6.hm_rows"), canvasCaption: T("fig6.hm_canvas", { t: nT, l: L }), width: 360, height: 900
+    });
   }
 
   globalThis.QKVModelView = { initFig6: initFig6 };
