@@ -33,12 +33,14 @@ api:
 	$(BIN)/pdoc qkv --no-show-source --no-search -o $(API_OUT)
 
 # The translator the package carries for the explorer (qkv/interpret/explorer/embedded.py): the demo
-# recipe, seed 1 (the same bytes on every run of one machine), its graphs for the page, its run files.
-DEMO_MODEL := qkv/interpret/explorer/demo_model
+# recipe, seed 1 (the same bytes on every run of one machine), its graphs for the page, its run files,
+# their sha256 (vendor/demo_model/VENDOR.json).
+DEMO_MODEL := qkv/interpret/explorer/vendor/demo_model
 demo-model: setup
 	$(BIN)/qkv train mt --recipe demo --run build/demo-model --overwrite --quiet
 	$(BIN)/qkv export onnx --run build/demo-model --out $(DEMO_MODEL)/onnx --form fp16 --overwrite
 	cp build/demo-model/config.json build/demo-model/tokenizer.json build/demo-model/model.safetensors $(DEMO_MODEL)/
+	$(BIN)/python -m qkv.interpret.explorer.embedded --record-demo
 
 bench: setup
 	$(BIN)/python bench/train_gpt.py

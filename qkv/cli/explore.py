@@ -31,7 +31,7 @@ from qkv.errors import QkvError
 from qkv.interop.onnx import FORMS, export_onnx
 from qkv.interpret import model_maps, traces
 from qkv.interpret.explorer.constants import CONSTANTS
-from qkv.interpret.explorer.embedded import DEMO_MODEL, DEMO_ONNX
+from qkv.interpret.explorer.embedded import DEMO_ONNX, demo_model
 from qkv.interpret.explorer.export import LiveModel, export_page, export_site
 from qkv.interpret.explorer.language import LANGS
 from qkv.interpret.explorer.server import MAX_TEXT_CHARS, serve
@@ -115,7 +115,7 @@ def _default_text(run: Run, text: str | None, head: dict | None) -> str:
 
 def _write_live(args: argparse.Namespace) -> Path:
     """The live page (--export) or site (--site) of --run, or of the packaged demo model."""
-    run = Run(args.run or DEMO_MODEL)
+    run = Run(args.run or demo_model())
     with tempfile.TemporaryDirectory() as tmp:
         folder = DEMO_ONNX
         if args.run or args.form != FORMS[0]:
@@ -144,10 +144,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
             return _error(str(err))
         return 0
 
-    run_dir = args.run or str(DEMO_MODEL)
     try:
+        run_dir = args.run or str(demo_model())
         views = _load_views(run_dir)
-    except LookupError as err:
+    except (LookupError, QkvError) as err:
         return _error(str(err))
     try:
         return serve(

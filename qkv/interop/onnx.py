@@ -198,15 +198,11 @@ def _export(graph: nn.Module, args: tuple, io: tuple[list[str], list[str]], dyna
         # The TorchScript exporter (dynamo=False) traces these plain tensor programs with their dynamic
         # sizes named; torch 2.13, which qkv pins, keeps it while announcing its successor.
         warnings.simplefilter("ignore", DeprecationWarning)
-        _trace(graph, args, io, dynamic, path)
+        torch.onnx.export(graph, args, str(path), input_names=io[0], output_names=io[1], dynamic_axes=dynamic,
+                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
 
 
-def _trace(graph: nn.Module, args: tuple, io: tuple[list[str], list[str]], dynamic: dict, path: Path) -> None:
-    torch.onnx.export(graph, args, str(path), input_names=io[0], output_names=io[1], dynamic_axes=dynamic,
-                      opset_version=OPSET, dynamo=False, do_constant_folding=True)
-
-
-def _example(model: nn.Module, sizes: dict, batch: int = 2, past: int = 3, source: int = 5) -> dict:
+def _example(sizes: dict, batch: int = 2, past: int = 3, source: int = 5) -> dict:
     """Inputs of the shapes the graphs take, to trace them (every dynamic size distinct, so none is baked in)."""
     layers, h = sizes["decoder_layers"], sizes["n_heads"]
     return {
@@ -231,7 +227,7 @@ def export_graphs(model: nn.Module, out: Path) -> dict:
     _check_exportable(model)
     model = model.eval()
     sizes = _sizes(model)
-    ex = _example(model, sizes)
+    ex = _example(sizes)
     batch, past, source = {0: "batch"}, {1: "batch", 3: "past"}, {1: "batch", 3: "source"}
     with torch.no_grad():
         if isinstance(model, Transformer):

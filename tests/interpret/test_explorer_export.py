@@ -160,3 +160,20 @@ def test_the_vendored_runtime_is_the_files_its_record_names(tmp_path, monkeypatc
             vendored.runtime_script()
     finally:
         vendored._checked.cache_clear()
+
+
+def test_the_packaged_demo_model_is_the_files_its_record_names(tmp_path, monkeypatch):
+    """vendor/demo_model: its license beside it, every file's sha256 recorded (make demo-model) and checked."""
+    import shutil
+
+    from qkv.interpret.explorer import embedded
+    from qkv.interpret.explorer.vendored import VendorError
+
+    assert embedded.demo_model() == embedded.DEMO_MODEL
+    assert "MIT License" in (embedded.DEMO_MODEL / "LICENSE").read_text(encoding="utf-8")
+    copy = tmp_path / "demo_model"
+    shutil.copytree(embedded.DEMO_MODEL, copy)
+    (copy / "onnx" / "decoder.onnx").write_bytes(b"changed")
+    monkeypatch.setattr(embedded, "DEMO_MODEL", copy)
+    with pytest.raises(VendorError, match="decoder.onnx is not the file"):
+        embedded.demo_model()

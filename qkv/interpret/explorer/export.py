@@ -21,8 +21,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.interpret.explorer.language import CATALOG_FILE, with_default_lang
@@ -91,7 +90,6 @@ class LiveModel:
     model_name: str = ""
     default_text: str = ""
     pronoun_head: dict | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike, **kwargs) -> LiveModel:

@@ -1,4 +1,6 @@
-"""The browser runtime the live page carries: onnxruntime-web, pinned and vendored in ``vendor/``.
+"""What the package carries from elsewhere, each folder of ``vendor/`` with its license and a ``VENDOR.json``
+of its files' sha256 (``checked_files``), and the first of them: the browser runtime the live page
+carries, onnxruntime-web, pinned.
 
 A user of the wheel needs neither npm nor a network: the files are in the package, each with its
 sha256 in ``vendor/onnxruntime-web/VENDOR.json``, checked whenever a page is written (a changed file
@@ -35,8 +37,9 @@ from qkv.files import write_bytes, write_text
 MODULE = "qkv.interpret.explorer.vendored"
 PACKAGE = "onnxruntime-web"
 VERSION = "1.31.1"
+RECORD_NAME = "VENDOR.json"
 FOLDER = Path(__file__).resolve().parent / "vendor" / PACKAGE
-RECORD = FOLDER / "VENDOR.json"
+RECORD = FOLDER / RECORD_NAME
 SCRIPT = "ort.wasm.bundle.min.mjs"
 WASM = "ort-wasm-simd-threaded.wasm"
 WASM_GZ = WASM + ".gz"
@@ -54,22 +57,38 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@lru_cache(maxsize=1)
-def _checked() -> dict[str, bytes]:
-    """The vendored files by name, each checked against its recorded sha256."""
+def checked_files(folder: Path, remedy: str) -> dict[str, bytes]:
+    """The files of ``folder`` its ``VENDOR.json`` records, by name, each checked against its sha256.
+
+    Raises:
+        VendorError: the record is missing, or a file is not the one it records (``remedy`` says what to do).
+    """
+    record = folder / RECORD_NAME
     try:
-        record = json.loads(RECORD.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise VendorError(f"{RECORD}: {err}; reinstall qkv, or refresh it (python -m {MODULE} --refresh)") from None
+        digests = json.loads(record.read_text(encoding="utf-8"))["sha256"]
+    except (OSError, ValueError, KeyError) as err:
+        raise VendorError(f"{record}: {err}; {remedy}") from None
     files = {}
-    for name, digest in record["sha256"].items():
-        path = FOLDER / name
+    for name, digest in digests.items():
+        path = folder / name
         data = path.read_bytes() if path.is_file() else b""
         if sha256(data) != digest:
-            raise VendorError(f"{path} is not the file {RECORD.name} records (sha256 {digest[:12]}...); "
-                              f"reinstall qkv, or refresh it (python -m {MODULE} --refresh)")
+            raise VendorError(f"{path} is not the file {RECORD_NAME} records (sha256 {digest[:12]}...); {remedy}")
         files[name] = data
     return files
+
+
+def record_files(folder: Path, about: dict) -> Path:
+    """Write ``folder``'s ``VENDOR.json``: ``about`` and the sha256 of every file below it."""
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != RECORD_NAME)
+    record = {**about, "sha256": {n: sha256((folder / n).read_bytes()) for n in names}}
+    return write_text(folder / RECORD_NAME, json.dumps(record, indent=1) + "\n")
+
+
+@lru_cache(maxsize=1)
+def _checked() -> dict[str, bytes]:
+    """The vendored runtime's files by name, each checked against its recorded sha256."""
+    return checked_files(FOLDER, f"reinstall qkv, or refresh it (python -m {MODULE} --refresh)")
 
 
 def runtime_script() -> str:
@@ -103,10 +122,8 @@ def refresh(version: str = VERSION) -> Path:
     FOLDER.mkdir(parents=True, exist_ok=True)
     write_bytes(FOLDER / SCRIPT, script)
     write_bytes(FOLDER / WASM_GZ, buf.getvalue())
-    files = {SCRIPT: script, WASM_GZ: buf.getvalue(), LICENSE: (FOLDER / LICENSE).read_bytes()}
-    record = {"package": PACKAGE, "version": version, "license": "MIT", "wasm_sha256": sha256(wasm),
-              "refresh": f"python -m {MODULE} --refresh", "sha256": {n: sha256(d) for n, d in files.items()}}
-    write_text(RECORD, json.dumps(record, indent=1) + "\n")
+    record_files(FOLDER, {"package": PACKAGE, "version": version, "license": "MIT", "wasm_sha256": sha256(wasm),
+                          "refresh": f"python -m {MODULE} --refresh"})
     _checked.cache_clear()
     return FOLDER
 
