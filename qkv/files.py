@@ -4,6 +4,10 @@
   one (``os.replace``, atomic on POSIX and Windows), so a kill at any moment leaves the old file or
   the new one, never half of one. :func:`atomic_paths` does it for several files at once: none is
   renamed until all are complete; :func:`left_behind_in` finds what killed writers left.
+- File modes: a file written whole through a temporary one gets the mode a plain ``open()`` would have
+  given it (0644 under umask 022), or, replacing a file, that file's mode (as git and rsync keep it):
+  :func:`match_mode`, which every such writer goes through (:func:`atomic_paths`; the staged folders of
+  ``qkv.interop.export``). A temporary file's own mode is private (safetensors writes 0600).
 - Strict text reading: UTF-8 or an error that names the file, line and column; lines end at ``\\n``.
 - :func:`user_cache`: qkv's folder in the user's cache (kernel choices, compiled steps, fonts).
 """
@@ -14,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -39,6 +44,37 @@ def _fsync_dir(path: Path) -> None:
         _fsync_file(path)
     except OSError:
         pass
+
+
+def umask() -> int:
+    """The process's umask, left as it is."""
+    try:  # Linux says it without changing it
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    # Elsewhere os.umask only reads it by setting another: 022 for that instant, so that a file another
+    # thread creates then is no more open than a usual umask makes it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def creation_mode(directory: bool = False) -> int:
+    """The mode ``open()`` gives a new file (``os.mkdir`` a new folder) under the umask: 0o644 (0o755) under 022."""
+    return (0o777 if directory else 0o666) & ~umask()
+
+
+def match_mode(written: Path, target: Path) -> None:
+    """Give ``written``, about to replace ``target``, the mode ``target`` has, or the mode a new file (or
+    folder) would get if there is none: a temporary file's own mode (0600 from safetensors, 0700 from
+    ``mkdtemp``) is never what a user sees."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = creation_mode(directory=written.is_dir())
+    os.chmod(written, mode)
 
 
 def left_behind(path: Path) -> list[Path]:
@@ -91,7 +127,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
 
     Nothing is renamed until every temporary file is complete and flushed, so a failure while writing
     any of them (an exception, a full disk) leaves all the targets as they were; the temporary files
-    are deleted.
+    are deleted. Each file gets its target's mode, or a new file's (:func:`match_mode`).
 
     Example:
         >>> with atomic_paths("run/a.safetensors", "run/a.pt") as (tmp_w, tmp_s):  # doctest: +SKIP
@@ -116,6 +152,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
             if not tmp.exists():
                 raise OSError(f"{path}: the writer did not create the temporary file {tmp}")
             _fsync_file(tmp)  # data on disk before the rename makes it visible
+            match_mode(tmp, path)
         for path, tmp in zip(targets, temps):
             os.replace(tmp, path)
     except BaseException as e:  # also KeyboardInterrupt: never leave a temporary file behind
@@ -247,4 +284,4 @@ def user_cache(*parts: str) -> Path:
     return Path(base, "qkv", *parts)
 
 
-__all__ = ["left_behind", "left_behind_in", "atomic_paths", "as_os_error", "atomic_path", "write_text", "write_json", "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "user_cache"]
+__all__ = ["umask", "creation_mode", "match_mode", "left_behind", "left_behind_in", "atomic_paths", "as_os_error", "atomic_path", "write_text", "write_json", "decode_utf8", "valid_text", "read_text_file", "read_lines", "read_json", "user_cache"]

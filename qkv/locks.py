@@ -27,7 +27,7 @@ def try_lock(path: str | Path) -> int | None:
 
     The lock lasts until the descriptor is closed (:func:`release`) or the process ends.
     """
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)  # the umask decides, as for any file
     if fcntl is None:
         return fd
     try:

@@ -249,7 +249,7 @@ def build_in_background(path: Path, argv: list[str]) -> int | None:
     marker, log = _side_files(path)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
     except OSError:  # a build started before (the marker exists), or a cache that cannot be written
         return None
     nice = shutil.which("nice")

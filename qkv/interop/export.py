@@ -10,19 +10,19 @@
   fp32 or quantized by CTranslate2 (``int8``...), with qkv's ``tokenizer.json`` beside them.
 
 Either folder is written beside its destination and renamed into place: it is there whole or not at
-all, and a folder that holds anything is replaced only with ``overwrite``.
+all, and a folder that holds anything is replaced only with ``overwrite``. Its files get the modes of
+those they replace, or a new file's (``qkv.files.match_mode``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from qkv.files import as_os_error
+from qkv.files import as_os_error, match_mode
 from qkv.models import GPT, Transformer
 from qkv.interop.gpt2 import gpt_to_hf
 from qkv.interop.ctranslate2 import to_ctranslate2
@@ -108,18 +108,15 @@ def staged(out: Path) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with as_os_error(out):
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        staging.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the folder it becomes is not
         try:
             yield staging
+            # mkdtemp's folder is private, and so are the files that libraries write through temporary
+            # files of their own (safetensors): each takes the mode of what it replaces, or a new file's.
+            for path in [staging, *staging.rglob("*")]:
+                match_mode(path, out / path.relative_to(staging))
             _replace(staging, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _replace(staging: Path, out: Path) -> None:
