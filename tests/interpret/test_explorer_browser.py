@@ -1134,6 +1134,84 @@ def test_the_exported_page_translates_what_a_reader_types(watched, live_pages, m
     assert all(u.startswith("file://") for u in watched.requests)
 
 
+@pytest.fixture(scope="module")
+def browser_with_webgpu(playwright):
+    """Chromium with WebGPU on its software adapter (SwiftShader): slow, but WebGPU's kernels."""
+    args = [a for a in CHROMIUM_ARGS if a != "--disable-gpu"] + ["--enable-unsafe-webgpu"]
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=args)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def watched_webgpu(browser_with_webgpu, server):
+    yield from watch(browser_with_webgpu, server)
+
+
+def backend_switch(page) -> dict:
+    """The page's backend switch once it has asked the browser what it can run."""
+    page.wait_for_selector("#fig6-backend[data-checked]", state="attached", timeout=30_000)
+    return page.evaluate("""() => { const s = document.getElementById('fig6-backend');
+        return { value: s.value, note: document.getElementById('fig6-backend-note').textContent,
+                 options: Array.from(s.options).map(o => [o.value, o.disabled, o.title]) }; }""")
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_without_webgpu_the_page_runs_on_wasm_and_says_why(watched, live_pages, mt_run, lang):
+    """Headless Chromium has navigator.gpu but no adapter: the page runs on WASM, the WebGPU option is
+    off with the reason beside it, in the reader's language; a link that asks for WebGPU
+    (?backend=webgpu) is answered on WASM, and the line beside the switch says why."""
+    from qkv.generation.api import Translator
+    from qkv.interpret.explorer.language import CATALOG
+
+    said = CATALOG[lang]
+    page = open_page(watched, live_pages["mt"].as_uri(), lang=lang)
+    switch = backend_switch(page)
+    assert switch["value"] == "wasm"
+    assert switch["options"] == [["wasm", False, ""], ["webgpu", True, said["backend.no_adapter"]]]
+    assert switch["note"] == said["backend.unavailable"].replace("{why}", said["backend.no_adapter"])
+
+    page = open_page(watched, live_pages["mt"].as_uri() + "?backend=webgpu", lang=lang)
+    data = ask_fig6(page, LIVE_TEXTS[1])
+    switch = backend_switch(page)
+    assert switch["value"] == "wasm"
+    assert switch["note"] == said["backend.fell_back"].replace("{backend}", said["backend.webgpu"]).replace("{why}", said["backend.no_adapter"])
+    assert "notes" not in data
+    assert data["output"] == Translator.from_run(mt_run, device="cpu").translate(LIVE_TEXTS[1], beam=1)
+
+
+def test_on_webgpu_the_page_gives_the_same_answers(watched_webgpu, live_pages, mt_run):
+    """Switched to WebGPU (SwiftShader's adapter), the page translates as `qkv translate` does, greedy
+    and beam 4, and draws PyTorch's attention within 1e-4; when the device is lost, the next question
+    is answered on WASM and says so."""
+    from qkv.generation.api import Translator
+    from qkv.interpret.explorer.language import CATALOG
+    from qkv.interpret.model_maps import translation_maps
+
+    tr = Translator.from_run(mt_run, device="cpu")
+    page = open_page(watched_webgpu, live_pages["mt"].as_uri())
+    assert backend_switch(page)["options"] == [["wasm", False, ""], ["webgpu", False, ""]]
+    before = page.locator("#fig6-output").get_attribute("data-done")
+    page.locator("#fig6-backend").select_option("webgpu")
+    page.wait_for_selector(f"#fig6-output[data-done]:not([data-done='{before}'])", state="attached", timeout=120_000)
+    assert backend_switch(page)["value"] == "webgpu"
+    for beam in (1, 4):
+        data = ask_fig6(page, LIVE_TEXTS[0], beam)
+        assert data["output"] == tr.translate(LIVE_TEXTS[0], beam=beam), beam
+        assert_maps_equal(data["maps"], translation_maps(tr, LIVE_TEXTS[0], beam)["maps"])
+        assert backend_switch(page)["value"] == "webgpu"
+
+    page.evaluate("globalThis.ortWebGPU.env.webgpu.device.destroy()")  # the device lost, as a GPU reset does
+    data = ask_fig6(page, LIVE_TEXTS[2])
+    assert data["output"] == tr.translate(LIVE_TEXTS[2], beam=1)
+    # onnxruntime logs the lost device's failed download (and its colour reset); nothing else may be logged.
+    watched_webgpu.errors[:] = [e for e in watched_webgpu.errors if "Device was lost" not in e and e.strip("\x1b[m")]
+    switch = backend_switch(page)
+    start = CATALOG["en"]["backend.fell_back"].split("{why}")[0].replace("{backend}", CATALOG["en"]["backend.webgpu"])
+    assert switch["value"] == "wasm" and switch["note"].startswith(start), switch
+    assert "lost" in switch["note"] and ".cc:" not in switch["note"], switch  # the browser's words, not onnxruntime's source
+
+
 def test_a_head_switched_off_in_the_page_is_the_servers_answer(watched, live_pages, mt_run):
     from playwright.sync_api import expect
 
@@ -1280,6 +1358,7 @@ def test_the_site_works_from_a_static_host(browser, live_pages, mt_run):
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     from qkv.generation.api import Translator
+    from qkv.interpret.explorer.vendored import RUNTIMES
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
@@ -1296,6 +1375,8 @@ def test_the_site_works_from_a_static_host(browser, live_pages, mt_run):
             data = ask_fig6(page, LIVE_TEXTS[2])
             assert data["output"] == Translator.from_run(mt_run, device="cpu").translate(LIVE_TEXTS[2], beam=1)
             assert any(u.endswith("/encoder.onnx") for u in w.requests)
+            # WebGPU's runtime is fetched only by a reader who switches to it.
+            assert not any(RUNTIMES["webgpu"].wasm_gz in u for u in w.requests), w.requests
     finally:
         httpd.shutdown()
         httpd.server_close()

@@ -135,6 +135,7 @@ def test_normalize_refuses_huge_payloads():
 def test_the_vendored_runtime_is_the_files_its_record_names(tmp_path, monkeypatch):
     """onnxruntime-web in the package: pinned, each file's sha256 recorded, its license beside it; a file
     changed since is refused, never shipped in a page."""
+    import gzip
     import hashlib
     import json
     import shutil
@@ -147,17 +148,21 @@ def test_the_vendored_runtime_is_the_files_its_record_names(tmp_path, monkeypatc
     for name, digest in record["sha256"].items():
         assert hashlib.sha256((vendored.FOLDER / name).read_bytes()).hexdigest() == digest, name
     assert "Permission is hereby granted" in (vendored.FOLDER / vendored.LICENSE).read_text(encoding="utf-8")
-    script = vendored.runtime_script()
-    assert "globalThis.ort={" in script and "InferenceSession:" in script and "export{" not in script[-2000:]
+    assert sorted(record["sha256"]) == sorted([vendored.LICENSE] + [n for r in vendored.RUNTIMES.values() for n in (r.script, r.wasm_gz)])
+    for backend, runtime in vendored.RUNTIMES.items():
+        script = vendored.runtime_script(backend)
+        assert f"globalThis.{runtime.name}={{" in script and "InferenceSession:" in script and "export{" not in script[-2000:]
+        wasm = gzip.decompress(vendored.runtime_wasm_gz(backend))
+        assert wasm[:4] == b"\0asm" and hashlib.sha256(wasm).hexdigest() == record["wasm_sha256"][runtime.wasm], backend
     copy = tmp_path / "onnxruntime-web"
     shutil.copytree(vendored.FOLDER, copy)
-    (copy / vendored.SCRIPT).write_text("/* changed */", encoding="utf-8")
+    (copy / vendored.RUNTIMES["webgpu"].script).write_text("/* changed */", encoding="utf-8")
     monkeypatch.setattr(vendored, "FOLDER", copy)
     monkeypatch.setattr(vendored, "RECORD", copy / "VENDOR.json")
     vendored._checked.cache_clear()
     try:
         with pytest.raises(vendored.VendorError, match="not the file"):
-            vendored.runtime_script()
+            vendored.runtime_script("wasm")  # any file changed: the page is not written
     finally:
         vendored._checked.cache_clear()
 

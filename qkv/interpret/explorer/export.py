@@ -2,7 +2,7 @@
 
 ``fetch()`` does not work from ``file://``, so every stylesheet and script of ``static/`` is inlined.
 A live page (``LiveModel``: the graphs of ``qkv export onnx``) carries the model and onnxruntime-web
-(``vendored.py``) and runs the model itself: its graphs and the runtime's gzipped wasm are embedded
+(``vendored.py``) and runs the model itself: its graphs and the runtimes' gzipped wasm are embedded
 base64 (``<script type="application/octet-stream" data-qkv-file="NAME">``), what the page needs to
 know of them as ``<script type="application/json" id="qkv-live">``. A notebook's view embeds a
 model's maps instead (``<script type="application/json" id="qkv-model-data">``). The CJK font comes
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from qkv.interpret.explorer.language import CATALOG_FILE, with_default_lang
 from qkv.interpret.explorer.payload import normalize_attention_data
-from qkv.interpret.explorer.vendored import WASM_GZ, runtime_script, runtime_wasm_gz
+from qkv.interpret.explorer.vendored import RUNTIMES, runtime_script, runtime_wasm_gz
 from qkv.interpret.fonts import FONT_URL, woff2_subset
 from qkv.files import atomic_paths
 
@@ -100,12 +100,12 @@ class LiveModel:
 
     def config(self) -> dict:
         """The page's ``#qkv-live`` JSON."""
-        return {"manifest": self.manifest, "wasm": WASM_GZ, "model_name": self.model_name,
+        return {"manifest": self.manifest, "wasm": {b: r.wasm_gz for b, r in RUNTIMES.items()}, "model_name": self.model_name,
                 "default_text": self.default_text, "pronoun_head": self.pronoun_head}
 
     def blobs(self) -> dict[str, bytes]:
-        """Every file the page loads: the graphs and the runtime's wasm."""
-        return {**self.files, WASM_GZ: runtime_wasm_gz()}
+        """Every file the page loads: the graphs and each runtime's wasm."""
+        return {**self.files, **{r.wasm_gz: runtime_wasm_gz(b) for b, r in RUNTIMES.items()}}
 
 
 def _blob_tag(name: str, data: bytes) -> str:
@@ -145,10 +145,10 @@ def render_page(attention_data: dict | None = None, static_dir: Path = STATIC_DI
         first_script = html.index("<script>")
         html = html[:first_script] + tag + html[first_script:]
     if live is not None:
-        runtime = runtime_script()
-        scripts.append(runtime)
+        runtimes = [runtime_script(backend) for backend in RUNTIMES]
+        scripts.extend(runtimes)
         tags = (f'<script type="application/json" id="qkv-live">{_json_for_script(live.config())}</script>\n'
-                f'<script type="module">{runtime}</script>\n')
+                + "".join(f'<script type="module">{js}</script>\n' for js in runtimes))
         first_script = html.index("<script>")
         html = html[:first_script] + tags + html[first_script:]
 

@@ -4,13 +4,17 @@ carries, onnxruntime-web, pinned.
 
 A user of the wheel needs neither npm nor a network: the files are in the package, each with its
 sha256 in ``vendor/onnxruntime-web/VENDOR.json``, checked whenever a page is written (a changed file
-is refused, not shipped). Two files of the npm package are kept, with its license:
+is refused, not shipped). Two builds of the npm package are kept (``RUNTIMES``), each as its
+JavaScript API with the loader bundled in (an ES module; the page inlines it and makes its exports one
+global) and its WebAssembly gzipped (the page unpacks it with the browser's DecompressionStream, so the
+file and the site stay small), with the package's license:
 
-- ``ort.wasm.bundle.min.mjs``: the JavaScript API with the WASM backend's loader bundled in (an ES
-  module; the page inlines it and makes its exports one global, ``ort``);
-- ``ort-wasm-simd-threaded.wasm.gz``: the WebAssembly of the CPU kernels, gzipped (a quarter of its
-  14.8 MB; the page unpacks it with the browser's DecompressionStream, so the file and the site stay
-  small). WebGPU's build (30 MB more) is not carried: a model this small decodes faster on WASM.
+- ``wasm``: ``ort.wasm.bundle.min.mjs`` and ``ort-wasm-simd-threaded.wasm.gz`` (3.8 MB of 14.8), the
+  CPU kernels every browser runs; the page starts on it (``globalThis.ort``);
+- ``webgpu``: ``ort.jspi.bundle.min.mjs`` and ``ort-wasm-simd-threaded.jspi.wasm.gz`` (4.4 MB of 17.9),
+  the WebGPU execution provider, in the build that suspends on the GPU through JavaScript Promise
+  Integration (``WebAssembly.Suspending``), smaller and faster to start than the asyncify build (7.1 MB);
+  unpacked only when a reader switches the page to WebGPU (``globalThis.ortWebGPU``).
 
 Refresh (a new version: change ``VERSION``, run, commit the folder)::
 
@@ -28,6 +32,7 @@ import re
 import subprocess
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,10 +45,27 @@ VERSION = "1.31.1"
 RECORD_NAME = "VENDOR.json"
 FOLDER = Path(__file__).resolve().parent / "vendor" / PACKAGE
 RECORD = FOLDER / RECORD_NAME
-SCRIPT = "ort.wasm.bundle.min.mjs"
-WASM = "ort-wasm-simd-threaded.wasm"
-WASM_GZ = WASM + ".gz"
 LICENSE = "LICENSE"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One build of onnxruntime-web: its bundled API (``script``), its WebAssembly (``wasm``), and the
+    global the page gives the API's exports."""
+
+    script: str
+    wasm: str
+    name: str
+
+    @property
+    def wasm_gz(self) -> str:
+        return self.wasm + ".gz"
+
+
+RUNTIMES = {
+    "wasm": Runtime("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm", "ort"),
+    "webgpu": Runtime("ort.jspi.bundle.min.mjs", "ort-wasm-simd-threaded.jspi.wasm", "ortWebGPU"),
+}
 # The bundle ends with its exports, `export{a as InferenceSession,...};`: the page has no module
 # loader to import them, so they become the properties of one global.
 _EXPORTS = re.compile(r"export\s*\{([^}]*)\};?\s*(//# sourceMappingURL=\S+\s*)?$")
@@ -91,38 +113,43 @@ def _checked() -> dict[str, bytes]:
     return checked_files(FOLDER, f"reinstall qkv, or refresh it (python -m {MODULE} --refresh)")
 
 
-def runtime_script() -> str:
-    """onnxruntime-web's API as a module script that sets ``globalThis.ort``."""
-    js = _checked()[SCRIPT].decode("utf-8")
+def runtime_script(backend: str) -> str:
+    """``backend``'s onnxruntime-web API as a module script that sets its global (``RUNTIMES``)."""
+    runtime = RUNTIMES[backend]
+    js = _checked()[runtime.script].decode("utf-8")
     m = _EXPORTS.search(js)
     if m is None:
-        raise VendorError(f"{FOLDER / SCRIPT}: its exports are not where the page expects them (the bundle's last statement)")
+        raise VendorError(f"{FOLDER / runtime.script}: its exports are not where the page expects them (the bundle's last statement)")
     pairs = [part.strip().split(" as ") for part in m.group(1).split(",") if part.strip()]  # "a as B" or "a"
     props = ",".join(f"{p[-1]}:{p[0]}" for p in pairs)
-    return js[:m.start()] + f"globalThis.ort={{{props}}};\n"
+    return js[:m.start()] + f"globalThis.{runtime.name}={{{props}}};\n"
 
 
-def runtime_wasm_gz() -> bytes:
-    """The gzipped WebAssembly of onnxruntime-web's CPU kernels."""
-    return _checked()[WASM_GZ]
+def runtime_wasm_gz(backend: str) -> bytes:
+    """The gzipped WebAssembly of ``backend``'s onnxruntime-web."""
+    return _checked()[RUNTIMES[backend].wasm_gz]
 
 
 def refresh(version: str = VERSION) -> Path:
-    """Fetch ``onnxruntime-web@version`` with npm, keep its two files and its license, record their sha256."""
+    """Fetch ``onnxruntime-web@version`` with npm, keep each runtime's two files and the license, record their sha256."""
+    files: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(["npm", "pack", f"{PACKAGE}@{version}", "--json"], cwd=tmp, check=True,
                              capture_output=True, text=True)
         tarball = Path(tmp) / json.loads(out.stdout)[0]["filename"]
         with tarfile.open(tarball) as tar:
-            script = tar.extractfile(f"package/dist/{SCRIPT}").read()
-            wasm = tar.extractfile(f"package/dist/{WASM}").read()
-    buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz:  # mtime 0: the same bytes every time
-        gz.write(wasm)
+            for runtime in RUNTIMES.values():
+                files[runtime.script] = tar.extractfile(f"package/dist/{runtime.script}").read()
+                files[runtime.wasm] = tar.extractfile(f"package/dist/{runtime.wasm}").read()
     FOLDER.mkdir(parents=True, exist_ok=True)
-    write_bytes(FOLDER / SCRIPT, script)
-    write_bytes(FOLDER / WASM_GZ, buf.getvalue())
-    record_files(FOLDER, {"package": PACKAGE, "version": version, "license": "MIT", "wasm_sha256": sha256(wasm),
+    for runtime in RUNTIMES.values():
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0) as gz:  # mtime 0: the same bytes every time
+            gz.write(files[runtime.wasm])
+        write_bytes(FOLDER / runtime.script, files[runtime.script])
+        write_bytes(FOLDER / runtime.wasm_gz, buf.getvalue())
+    record_files(FOLDER, {"package": PACKAGE, "version": version, "license": "MIT",
+                          "wasm_sha256": {r.wasm: sha256(files[r.wasm]) for r in RUNTIMES.values()},
                           "refresh": f"python -m {MODULE} --refresh"})
     _checked.cache_clear()
     return FOLDER

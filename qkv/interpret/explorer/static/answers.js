@@ -7,6 +7,9 @@
  *   source.status                             {model, default_text, max_text_chars, model_name, trace, sizes, ...}
  *   source.attention(text, off, beam)         -> Promise of model_maps' payload (figure 11)
  *   source.trace(text)                        -> Promise of traces' payload (figures 9 and 10)
+ *   source.backends()                         -> Promise of {backend: null, or the catalog key of why not}
+ *   source.useBackend(name)                   -> Promise, settled once the model runs there ("wasm", "webgpu"),
+ *                                                or on WASM where it cannot (status.backend, status.fell_back)
  *
  * off: head names "kind:layer:head"; beam: 1 (greedy) or 4. A text the model cannot take is refused
  * here, before either source sees it, with a message in the reader's language (an Error whose
@@ -45,17 +48,54 @@
   }
 
   // ------------------------------------------------------------------ the model in this page
+  // The backend a link asks for (page.html?backend=webgpu), or WASM.
+  function askedBackend() {
+    var asked = new URLSearchParams(location.search).get("backend");
+    return globalThis.QKVRuntime.backends.indexOf(asked) >= 0 ? asked : "wasm";
+  }
+
   function pageSource(config) {
-    var D = globalThis.QKVDecoding, manifest = config.manifest;
-    var started = globalThis.QKVRuntime.load(config);
-    var model = null;
-    started.then(function (m) { model = m; }, function () {});
+    var D = globalThis.QKVDecoding, R = globalThis.QKVRuntime, manifest = config.manifest;
+    var model = null, started = null;
+
+    // The model on `backend`; where that is not WASM and it fails, on WASM, with a note of why (WebGPU
+    // is never required). The model it replaces is released once the new one runs.
+    function start(backend) {
+      var next = R.load(config, backend).catch(function (err) {
+        if (backend === "wasm") throw err;
+        fellBack(backend, err);
+        return R.load(config, "wasm");
+      });
+      return next.then(function (m) {
+        if (model && model !== m) model.release();
+        model = m;
+        status.backend = m.backend;
+        return m;
+      });
+    }
+    // What the reader is told, beside the switch (status.fell_back), until another backend is chosen.
+    // onnxruntime's own message is a C++ status with file names in it: the reader gets its last
+    // "message:" (what the browser said), the console all of it.
+    function fellBack(backend, err) {
+      var key = String((err && err.message) || err), why;
+      if (/^backend\./.test(key)) why = L.plain(key);
+      else {
+        console.warn("qkv: " + backend + " failed, back on WASM: " + key);
+        var last = key.lastIndexOf("message: ");
+        why = (last >= 0 ? key.slice(last + 9) : key).replace(/[\s)]+$/, "");
+        if (why.length > 160) why = why.slice(0, 159) + "…";
+      }
+      status.fell_back = L.plain("backend.fell_back", { backend: L.plain("backend." + backend), why: why });
+    }
+
     var translation = manifest.kind === "translation";
     var status = {
-      model: true, live: "page", default_text: config.default_text || "", max_text_chars: MAX_TEXT_CHARS,
+      model: true, live: "page", backend: "wasm", default_text: config.default_text || "", max_text_chars: MAX_TEXT_CHARS,
       model_name: config.model_name || "", trace: translation ? "translation" : "practice",
       sizes: D.sizesOf(manifest.sizes), pronoun_head: config.pronoun_head || null, beam: translation
     };
+    started = start(askedBackend());
+    started.catch(function () {});
 
     // What the reader should know of a text the model reads: its characters outside the vocabulary,
     // and a lone surrogate replaced. Limits in tokens need the tokenizer, so they are checked here.
@@ -65,6 +105,7 @@
       var notes = [], unknown = m.tokenizer.unknown(c.text);
       if (unknown.length) notes.push(L.plain("input.unknown", { chars: unknown.slice(0, 12).join(" "), n: unknown.length }));
       if (c.surrogate) notes.push(L.plain("input.surrogate"));
+
       var ids;
       try {
         ids = translation ? D.encodeSource(m, c.text) : m.tokenizer.encode(c.text);
@@ -81,14 +122,36 @@
       return err;
     }
 
+    // A question fails on WebGPU for a reason of its own (not the reader's text: the device lost,
+    // a kernel it lacks): asked again on WASM, which every browser runs.
     function withModel(fn) {
-      return started.then(function (m) { return fn(m); }).catch(function (err) { throw localized(err); });
+      return started.then(function (m) {
+        return Promise.resolve().then(function () { return fn(m); }).catch(function (err) {
+          err = localized(err);
+          if (m.backend === "wasm" || err.qkvKey) throw err;
+          fellBack(m.backend, err);
+          started = start("wasm");
+          return started.then(fn);
+        });
+      }).catch(function (err) { throw localized(err); });
     }
 
     return {
       status: status,
-      ready: started,
+      get ready() { return started; },
       model: function () { return model; },
+      backends: function () {
+        var out = {};
+        return Promise.all(R.backends.map(function (b) {
+          return R.unavailable(b).then(function (why) { out[b] = why; });
+        })).then(function () { return out; });
+      },
+      useBackend: function (name) {
+        status.fell_back = null;
+        var next = started.catch(function () {}).then(function () { return start(name); });
+        started = next;
+        return next;
+      },
       attention: function (text, off, beam) {
         return withModel(function (m) {
           var p = prepared(text, m), h = heads(off), size = translation ? (beam || 1) : 1;

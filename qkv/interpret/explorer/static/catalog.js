@@ -305,6 +305,18 @@ globalThis.QKVCatalog = {
   "fig6.greedy": "贪心",
   "fig6.beam4": "束搜索（4）",
   "fig6.live_page": "模型就在这个页面里运行（onnxruntime-web）：不需要 Python，也不需要服务器。",
+  "backend.label": "运行于：",
+  "backend.aria": "模型在哪里运行",
+  "backend.wasm": "WASM（CPU）",
+  "backend.webgpu": "WebGPU（显卡）",
+  "backend.why_default": "默认用 WASM：这么小的模型在 CPU 上解码更快（每一步是几百个小运算，不必来回搬数据）。浏览器有 WebGPU 时可以切换过去对比。",
+  "backend.switching": "正在把模型装到 {backend} 上……",
+  "backend.unavailable": "WebGPU 用不了：{why}",
+  "backend.no_runtime": "这个页面没有带 WebGPU 版的运行时",
+  "backend.no_webgpu": "这个浏览器没有 WebGPU",
+  "backend.no_jspi": "这个浏览器有 WebGPU，但没有 WebAssembly 的 JSPI（WebAssembly.Suspending），WebGPU 版的运行时要靠它等显卡",
+  "backend.no_adapter": "这个浏览器有 WebGPU，却找不到能用的显卡（适配器）",
+  "backend.fell_back": "{backend} 没有成功（{why}），模型改在 WASM（CPU）上运行。",
   "teacher.no_translator": "这张图要一个翻译模型：用 <code>qkv explore --run DIR</code> 接一个翻译 run。"
  },
  "en": {
@@ -602,6 +614,18 @@ globalThis.QKVCatalog = {
   "fig6.greedy": "greedy",
   "fig6.beam4": "beam search (4)",
   "fig6.live_page": "The model runs in this page (onnxruntime-web): no Python, no server.",
+  "backend.label": "runs on: ",
+  "backend.aria": "Where the model runs",
+  "backend.wasm": "WASM (CPU)",
+  "backend.webgpu": "WebGPU (graphics card)",
+  "backend.why_default": "WASM by default: a model this small decodes faster on the CPU (each step is a few hundred small operations, with nothing to move back and forth). Where the browser has WebGPU, switch to compare.",
+  "backend.switching": "Loading the model on {backend}…",
+  "backend.unavailable": "WebGPU is not available: {why}",
+  "backend.no_runtime": "this page carries no WebGPU runtime",
+  "backend.no_webgpu": "this browser has no WebGPU",
+  "backend.no_jspi": "this browser has WebGPU but not WebAssembly's JSPI (WebAssembly.Suspending), which the WebGPU runtime waits on the graphics card with",
+  "backend.no_adapter": "this browser has WebGPU but finds no graphics adapter for it",
+  "backend.fell_back": "{backend} failed ({why}); the model runs on WASM (CPU) instead.",
   "teacher.no_translator": "This figure needs a translator: start <code>qkv explore --run DIR</code> with a translation run."
  }
 };

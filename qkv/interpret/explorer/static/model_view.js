@@ -114,6 +114,45 @@
     });
   }
 
+  // Where the model in the page runs: WASM, or WebGPU where this browser has it (the option is off,
+  // with the reason beside it, where it has not). Switching loads the model there and asks again
+  // (rerun); a backend that fails hands the model back to WASM, and the line beside the switch says
+  // why (status.fell_back). sync() shows where the model runs now, after each answer.
+  function backendSwitch(body, source, rerun) {
+    var status = source.status, unavailable = null;
+    var sel = h("select", { id: "fig6-backend", "aria-label": plain("backend.aria") },
+      globalThis.QKVRuntime.backends.map(function (b) { return h("option", { value: b, text: T("backend." + b) }); }));
+    var note = h("span", { "class": "hint", id: "fig6-backend-note" });
+    body.appendChild(h("p", { "class": "label backend" }, [T("backend.label"), sel, " ", note]));
+    function sync() {
+      sel.value = status.backend;
+      note.textContent = status.fell_back || unavailable || plain("backend.why_default");
+    }
+    sync();
+    source.backends().then(function (why) {
+      Array.prototype.forEach.call(sel.options, function (o) {
+        o.disabled = !!why[o.value] && o.value !== sel.value;
+        if (why[o.value]) o.title = plain(why[o.value]);
+      });
+      if (why.webgpu) unavailable = plain("backend.unavailable", { why: plain(why.webgpu) });
+      sync();
+      sel.setAttribute("data-checked", "");
+    });
+    sel.addEventListener("change", function () {
+      var asked = sel.value;
+      sel.disabled = true;
+      note.textContent = plain("backend.switching", { backend: plain("backend." + asked) });
+      source.useBackend(asked).then(function () {
+        sync();
+        rerun();  // which enables the switch again when its answer is drawn
+      }, function () {
+        sync();
+        sel.disabled = false;
+      });
+    });
+    return { select: sel, sync: sync };
+  }
+
   function setupLive(body, source) {
     var status = source.status;
     body.textContent = "";
@@ -136,6 +175,7 @@
     var out = h("div", { id: "fig6-output", "aria-live": "polite" });
     if (status.model_name) body.appendChild(h("p", { "class": "label model-name" }, [T("fig6.model"), h("code", { text: status.model_name })]));
     if (status.live === "page") body.appendChild(h("p", { "class": "label", "data-testid": "fig6-live", text: T("fig6.live_page") }));
+    var backendSel = source.useBackend ? backendSwitch(body, source, function () { return run(); }) : null;
     body.appendChild(form);
     body.appendChild(out);
     form.addEventListener("submit", function (e) {
@@ -153,6 +193,7 @@
     function run() {
       var mine = ++asked;
       button.disabled = true;
+      if (backendSel) backendSel.select.disabled = true;
       button.textContent = T("fig6.running");
       out.classList.add("busy");
       source.attention(input.value, fig6Memory.off.slice(), beamSel ? Number(beamSel.value) : 1).then(function (data) {
@@ -168,6 +209,10 @@
       }).then(function () {
         if (mine !== asked) return;
         button.disabled = false;
+        if (backendSel) {
+          backendSel.select.disabled = false;
+          backendSel.sync();  // WASM again, where WebGPU failed
+        }
         button.textContent = T("fig6.run");
         out.classList.remove("busy");
         out.setAttribute("data-done", String(mine));

@@ -11,8 +11,13 @@
  * network; a site (`qkv explore --site`) fetches NAME from beside index.html. The runtime's wasm is
  * stored gzipped (a quarter of its size) and unpacked by the browser's DecompressionStream.
  *
- * onnxruntime-web runs on its WASM backend with one thread unless the page is cross-origin isolated
- * (threads need SharedArrayBuffer, which only such a page has).
+ * Two builds of onnxruntime-web are in the page (qkv/interpret/explorer/vendored.py): its WASM backend,
+ * which every browser runs and the page starts on, with one thread unless the page is cross-origin
+ * isolated (threads need SharedArrayBuffer, which only such a page has); and its WebGPU backend, which
+ * the reader may switch to where the browser has WebGPU (an adapter) and JavaScript Promise
+ * Integration (WebAssembly.Suspending, which that build waits on the GPU with). WebGPU is never
+ * required, and not the default: a model this small decodes faster on the CPU, where each step is a
+ * few hundred small kernels and no transfer (docs/BENCHMARKS.md).
  */
 (function () {
   "use strict";
@@ -47,6 +52,7 @@
   }
 
   // Rows `rows` of the batch axis (axis 1) of a (L, B, ...) tensor: the cache of the hypotheses that go on.
+  // A tensor of the runtime `tensor` came from (each build has its own Tensor class).
   function gatherRows(tensor, rows) {
     var dims = tensor.dims, per = 1;
     for (var d = 2; d < dims.length; d++) per *= dims[d];
@@ -59,10 +65,12 @@
     }
     var shape = dims.slice();
     shape[1] = rows.length;
-    return new globalThis.ort.Tensor("float32", out, shape);
+    return new tensor.constructor("float32", out, shape);
   }
 
-  function Model(manifest, sessions) {
+  function Model(manifest, sessions, ort, backend) {
+    this.ort = ort;
+    this.backend = backend;
     this.manifest = manifest;
     this.kind = manifest.kind;
     this.sizes = manifest.sizes;
@@ -70,9 +78,15 @@
     this.sessions = sessions;
   }
 
+  // Its sessions' memory given back (the page switched backend).
+  Model.prototype.release = function () {
+    var sessions = this.sessions;
+    Object.keys(sessions).forEach(function (name) { sessions[name].release(); });
+  };
+
   // The cache of no position yet: (L, B, H, 0, d).
   Model.prototype.emptyCache = function (batch) {
-    var s = this.sizes, T = globalThis.ort.Tensor;
+    var s = this.sizes, T = this.ort.Tensor;
     return {
       keys: new T("float32", new Float32Array(0), [s.decoder_layers, batch, s.n_heads, 0, s.d_k]),
       values: new T("float32", new Float32Array(0), [s.decoder_layers, batch, s.n_heads, 0, s.d_v])
@@ -81,7 +95,7 @@
 
   // A translator's encoder on one source: the cross-attention's keys and values, and its self-attention.
   Model.prototype.encode = function (ids, off) {
-    var s = this.sizes, T = globalThis.ort.Tensor;
+    var s = this.sizes, T = this.ort.Tensor;
     var feeds = {
       source: new T("int64", BigInt64Array.from(ids.map(BigInt)), [1, ids.length]),
       heads: new T("float32", ones(s.encoder_layers, s.n_heads, off, "encoder_self"), [s.encoder_layers, s.n_heads])
@@ -93,7 +107,7 @@
 
   // One step for `tokens` (one per row) at `position`; memory: the encoder's, one row per decoder row.
   Model.prototype.step = function (tokens, position, cache, memory, off) {
-    var s = this.sizes, T = globalThis.ort.Tensor, b = tokens.length;
+    var s = this.sizes, T = this.ort.Tensor, b = tokens.length;
     var feeds = {
       token: new T("int64", BigInt64Array.from(tokens.map(BigInt)), [b, 1]),
       position: new T("int64", new BigInt64Array(b).fill(BigInt(position)), [b, 1]),
@@ -118,8 +132,21 @@
     });
   };
 
-  // Where the runtime runs: WebGPU is not asked for (a model this small decodes faster on WASM, whose
-  // kernels every browser has); the WASM backend with threads only where the page may have them.
+  // Each backend's build, by the global its module script sets.
+  var BUILDS = { wasm: "ort", webgpu: "ortWebGPU" };
+  var PROVIDERS = { wasm: ["wasm"], webgpu: ["webgpu", "wasm"] };  // WebGPU's kernels, the CPU's for the rest
+
+  // Promise of null where this browser can run `backend`, or of the catalog key that says why not.
+  function unavailable(backend) {
+    if (!globalThis[BUILDS[backend]]) return Promise.resolve("backend.no_runtime");
+    if (backend === "wasm") return Promise.resolve(null);
+    if (!globalThis.navigator || !navigator.gpu) return Promise.resolve("backend.no_webgpu");
+    if (typeof WebAssembly.Suspending !== "function") return Promise.resolve("backend.no_jspi");
+    return navigator.gpu.requestAdapter().then(function (adapter) {
+      return adapter ? null : "backend.no_adapter";
+    }, function () { return "backend.no_adapter"; });
+  }
+
   function configure(ort, wasm) {
     ort.env.wasm.wasmBinary = wasm;
     ort.env.wasm.numThreads = globalThis.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
@@ -127,21 +154,26 @@
     ort.env.logLevel = "error";
   }
 
-  // config: the page's <script id="qkv-live"> JSON: {manifest, wasm: NAME}.
-  function load(config) {
-    var ort = globalThis.ort;
-    if (!ort) return Promise.reject(new Error("onnxruntime-web is not in this page"));
-    return fileBytes(config.wasm).then(function (wasm) {
-      configure(ort, wasm);
-      var graphs = config.manifest.graphs, names = Object.keys(graphs), sessions = {};
-      var options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
-      return names.reduce(function (chain, name) {
-        return chain.then(function () { return fileBytes(graphs[name].file); }).then(function (bytes) {
-          return ort.InferenceSession.create(bytes, options);
-        }).then(function (session) { sessions[name] = session; });
-      }, Promise.resolve()).then(function () { return new Model(config.manifest, sessions); });
+  // config: the page's <script id="qkv-live"> JSON: {manifest, wasm: {backend: NAME}}; backend: "wasm"
+  // (the default) or "webgpu". Each graph's bytes are read again for each backend's sessions: a page
+  // keeps no copy of them beside the runtime's.
+  function load(config, backend) {
+    backend = backend || "wasm";
+    return unavailable(backend).then(function (why) {
+      if (why) throw new Error(why);
+      var ort = globalThis[BUILDS[backend]];
+      return fileBytes(config.wasm[backend]).then(function (wasm) {
+        configure(ort, wasm);
+        var graphs = config.manifest.graphs, names = Object.keys(graphs), sessions = {};
+        var options = { executionProviders: PROVIDERS[backend], graphOptimizationLevel: "all", logSeverityLevel: 3 };  // errors only
+        return names.reduce(function (chain, name) {
+          return chain.then(function () { return fileBytes(graphs[name].file); }).then(function (bytes) {
+            return ort.InferenceSession.create(bytes, options);
+          }).then(function (session) { sessions[name] = session; });
+        }, Promise.resolve()).then(function () { return new Model(config.manifest, sessions, ort, backend); });
+      });
     });
   }
 
-  globalThis.QKVRuntime = { load: load, gatherRows: gatherRows };
+  globalThis.QKVRuntime = { load: load, unavailable: unavailable, gatherRows: gatherRows, backends: Object.keys(BUILDS) };
 })();
