@@ -41,7 +41,8 @@ from torch import nn
 from qkv import locks
 from qkv.config import ModelConfig
 from qkv.errors import ConfigError, DataError, QkvError, did_you_mean
-from qkv.settings import from_dict
+from qkv.recipes import RUN_RECIPES
+from qkv.settings import read_saved, to_dict
 from qkv.data.lm import TOKENS_FILE
 from qkv.devices import resolve_device
 from qkv.files import as_os_error, left_behind, left_behind_in, read_json
@@ -130,7 +131,8 @@ class Run:
 
     @functools.cached_property
     def config(self) -> dict[str, Any]:
-        """The JSON of ``config.json``: ``model``, ``data`` and ``train`` sections; errors say what is missing."""
+        """The JSON of ``config.json`` as it is, unchecked but for its ``model`` section (which says the run's kind,
+        :attr:`arch`); the settings are read through :attr:`recipe`."""
         if not self.path.is_dir():
             raise FileNotFoundError(f"run directory not found: {self.path} (a run is written by `qkv train mt`, "
                                     "`qkv train lm` or `qkv demo`)")
@@ -156,17 +158,24 @@ class Run:
         return arch
 
     @functools.cached_property
-    def model_config(self) -> ModelConfig:
-        """The model's :class:`ModelConfig`, as it ran (vocabulary size from the tokenizer)."""
+    def recipe(self) -> Any:
+        """``config.json`` read as strictly as a recipe file is (:func:`qkv.settings.read_saved`), into the recipe
+        of the run's kind (:data:`qkv.recipes.RUN_RECIPES`: an ``MTRecipe`` or an ``LMRecipe``): a key or a
+        section no recipe has is an error that names the file, the key and the nearest known one. Every
+        command that uses a run reads its settings here, so none ignores a typo that another refuses."""
         try:
-            return from_dict(ModelConfig, self.config["model"], where=f"{self.file(CONFIG_FILE)}: model")
+            return read_saved(RUN_RECIPES[self.arch], self.config, self.file(CONFIG_FILE))
         except ConfigError as e:
             raise RunError(str(e)) from None
 
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's :class:`ModelConfig`, as it ran (vocabulary size from the tokenizer)."""
+        return self.recipe.model
+
     def section(self, name: str) -> dict[str, Any]:
-        """A section of the config (``data``, ``train``), empty when the run has none."""
-        value = self.config.get(name) or {}
-        return value if isinstance(value, dict) else {}
+        """A section of the recipe (``data``, ``train``), every setting in it (a default where the file has none)."""
+        return to_dict(getattr(self.recipe, name))
 
     @property
     def start_text(self) -> str:

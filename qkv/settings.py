@@ -208,11 +208,16 @@ def load_yaml(path: str | Path, cls: type[T], overrides: Sequence[str] = (), nes
     if not data:  # an empty file trains nothing it says: the defaults, which no one asked for by name
         raise ConfigError(f"{path}: the recipe is empty; give its model:, data: and train: sections (as "
                           "the shipped recipes in qkv/recipes/ do), or leave out --recipe to train the defaults")
+    cfg = _from_file(cls, data, path)
+    return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+def _from_file(cls: type[T], data: Mapping[str, Any], path: str | Path) -> T:
+    """:func:`from_dict` of the settings a file holds; every error names the file."""
     try:
-        cfg = from_dict(cls, data, where=str(path))
+        return from_dict(cls, data, where=str(path))
     except ConfigError as e:  # a value a config's own check refuses (d_model -3) names its class, not the file
         raise ConfigError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
-    return apply_overrides(cfg, overrides) if overrides else cfg
 
 
 def save_json(cfg: Any, path: str | Path) -> None:
@@ -221,17 +226,30 @@ def save_json(cfg: Any, path: str | Path) -> None:
 
 
 def upgrade_saved(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    """A config saved before recipes had one shape, in today's: settings outside the sections go to ``train``
-    (translation runs were flat), and renamed knobs take their new names (:data:`RENAMED`)."""
+    """A config saved before recipes had one shape, in today's: the ``train`` knobs outside the sections go to
+    ``train`` (translation runs were flat), and renamed knobs take their new names (:data:`RENAMED`). Any other
+    key outside the sections stays where it is, for :func:`from_dict` to refuse by name (a misspelled section
+    is not a knob)."""
     data = dict(data)
     sections = {f.name for f in fields(cls)}
-    if "train" not in sections:
+    train_cls = typing.get_type_hints(cls).get("train")
+    if not is_dataclass(train_cls):
         return data
+    knobs = {f.name for f in fields(train_cls)}
     train = dict(data.get("train") or {})
-    for key in [k for k in data if k not in sections]:
+    for key in [k for k in data if k not in sections and RENAMED.get(k, k) in knobs]:
         train[key] = data.pop(key)
     data["train"] = {RENAMED.get(k, k): v for k, v in train.items()}
     return data
+
+
+def read_saved(cls: type[T], data: Any, path: str | Path) -> T:
+    """The data of a saved config (a run's ``config.json``) read into ``cls`` as a recipe file is: upgraded if it
+    is older than the recipe shape (:func:`upgrade_saved`), then :func:`from_dict`, whose errors (an unknown key
+    and the nearest known one, a wrong type, a value a section's own check refuses) name the file."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return _from_file(cls, upgrade_saved(cls, data), path)
 
 
 def load_json(path: str | Path, cls: type[T]) -> T:
@@ -246,9 +264,7 @@ def load_json(path: str | Path, cls: type[T]) -> T:
         data = read_json(path, "config")
     except DataError as e:
         raise ConfigError(str(e)) from None
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    return from_dict(cls, upgrade_saved(cls, data), where=str(path))
+    return read_saved(cls, data, path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,4 +301,4 @@ def load_recipe(cls: type[T], kind: str, name: str | Path, overrides: Sequence[s
 
 
 __all__ = ["from_dict", "to_dict", "apply_overrides", "read_yaml_mapping", "load_yaml", "save_json", "load_json",
-           "upgrade_saved", "RENAMED", "RECIPES_DIR", "recipe_names", "recipe_file", "load_recipe"]
+           "upgrade_saved", "read_saved", "RENAMED", "RECIPES_DIR", "recipe_names", "recipe_file", "load_recipe"]

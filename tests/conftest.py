@@ -75,7 +75,8 @@ def mt_run(tmp_path_factory):
     of map (encoder self, decoder self, cross) exists and has learned something. Session-scoped.
     """
     from qkv.data.translation import DataConfig
-    from qkv.training.train_mt import MTRecipe, MTTrainConfig, train
+    from qkv.recipes import MTRecipe, MTTrainConfig
+    from qkv.training.train_mt import train
 
     path = tmp_path_factory.mktemp("mt_run") / "run"
     cfg = MTRecipe(

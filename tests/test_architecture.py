@@ -15,6 +15,7 @@ import pytest
 import qkv
 from qkv.config import ARCHS
 from qkv.models.kinds import KINDS
+from qkv.recipes import RUN_RECIPES
 
 PACKAGE = Path(qkv.__file__).resolve().parent
 
@@ -34,18 +35,20 @@ ALLOWED = {
     "models": {"modules"},
     "tokenizers": set(),
     "data": {"tokenizers"},
+    "recipes": {"data"},
     "weights": set(),
-    "runs": {"models", "tokenizers", "data", "weights", "locks"},
+    "runs": {"models", "tokenizers", "data", "weights", "locks", "recipes"},
     "evaluation": {"data"},
     "accel": {"models", "modules"},
     "generation": {"runs", "models", "modules", "tokenizers", "accel"},
     "interpret": {"runs", "models", "modules", "tokenizers", "generation"},
     "interop": {"runs", "models", "modules", "tokenizers"},
-    "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interop"},
+    "training": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interop",
+                 "recipes"},
     "demo": {"runs", "data", "generation", "interpret", "training"},
-    "experiments": {"runs", "data", "evaluation", "generation", "interpret", "training", "locks"},
+    "experiments": {"runs", "data", "evaluation", "generation", "interpret", "training", "locks", "recipes"},
     "cli": {"runs", "models", "modules", "tokenizers", "data", "weights", "evaluation", "generation", "interpret",
-            "training", "demo", "experiments", "interop", "accel"},
+            "training", "demo", "experiments", "interop", "accel", "recipes"},
 }
 EVERYONE = {"errors", "files", "devices", "settings", "config", "parallel"}
 # The floor, bottom up: each of its modules imports only those before it, so that it has no cycle.
@@ -138,14 +141,15 @@ def test_the_floor_imports_only_what_lies_below(part):
 
 
 def test_every_model_kind_is_registered_once():
-    """A recipe's model.arch is checked against config.ARCHS; runs, decoding and the builders read models.KINDS."""
-    assert tuple(KINDS) == ARCHS
+    """A recipe's model.arch is checked against config.ARCHS; runs, decoding and the builders read models.KINDS; a
+    run's config.json is read into the recipe of its kind (recipes.RUN_RECIPES)."""
+    assert tuple(KINDS) == ARCHS == tuple(RUN_RECIPES)
 
 
 def test_every_part_is_listed():
     parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
              if (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py")) or (p / "__init__.py").is_file()}
-    assert parts - {"recipes"} == set(ALLOWED)
+    assert parts == set(ALLOWED)
 
 
 def test_the_rule_catches_a_violation(tmp_path):

@@ -45,6 +45,14 @@ def place(tmp_path_factory):
     broken("badheads", lambda d: (d / "config.json").write_text(json.dumps(
         {**json.loads((d / "config.json").read_text()),
          "model": {**json.loads((d / "config.json").read_text())["model"], "n_heads": 3}}), encoding="utf-8"))
+    # A run's config.json is read as a recipe is: a key no recipe has, anywhere in it, is refused by name.
+    for kind in ("mt", "lm"):
+        edit = lambda d, change: (d / "config.json").write_text(json.dumps(change(json.loads((d / "config.json").read_text()))))
+        for name, change in {"topkey": lambda c: {**c, "note": "mine"},
+                             "section": lambda c: {**{k: v for k, v in c.items() if k != "data"}, "dta": c["data"]},
+                             "trainkey": lambda c: {**c, "train": {**c["train"], "stepz": 3}}}.items():
+            shutil.copytree(root / kind, root / f"{kind}_{name}")
+            edit(root / f"{kind}_{name}", change)
     (root / "binary.txt").write_bytes(b"\xff\xfe not UTF-8\n")
     (root / "bad.yaml").write_text("model: [\n", encoding="utf-8")
     (root / "empty.yaml").write_text("# nothing yet\n", encoding="utf-8")
@@ -75,6 +83,22 @@ CASES = [
     (["translate", "--run", "{R}/badtok"], 2, "{R}/badtok/tokenizer.json: not a JSON tokenizer file"),
     (["translate", "--run", "{R}/badweights"], 1, "{R}/badweights/model.safetensors: not a readable safetensors"),
     (["eval", "mt", "--run", "{R}/badheads"], 2, "d_model=16 is not divisible by n_heads=3"),
+    # A run's config.json with a key no recipe has: the file, the key, the nearest known one.
+    (["translate", "--run", "{R}/mt_topkey"], 2, "{R}/mt_topkey/config.json: unknown key 'note'"),
+    (["translate", "--run", "{R}/mt_section"], 2,
+     "{R}/mt_section/config.json: unknown key 'dta' (did you mean 'data'?)"),
+    (["translate", "--run", "{R}/mt_trainkey"], 2,
+     "{R}/mt_trainkey/config.json.train: unknown key 'stepz' (did you mean 'steps'?)"),
+    (["eval", "mt", "--run", "{R}/mt_section"], 2, "unknown key 'dta' (did you mean 'data'?)"),
+    (["generate", "--run", "{R}/lm_topkey", "x"], 2, "{R}/lm_topkey/config.json: unknown key 'note'"),
+    (["generate", "--run", "{R}/lm_section", "x"], 2,
+     "{R}/lm_section/config.json: unknown key 'dta' (did you mean 'data'?)"),
+    (["generate", "--run", "{R}/lm_trainkey", "x"], 2,
+     "{R}/lm_trainkey/config.json.train: unknown key 'stepz' (did you mean 'steps'?)"),
+    (["eval", "lm", "--run", "{R}/lm_section"], 2, "unknown key 'dta' (did you mean 'data'?)"),
+    (["train", "lm", "--run", "{R}/lm_topkey", "--resume"], 2, "{R}/lm_topkey/config.json: unknown key 'note'"),
+    (["train", "mt", "--run", "{R}/mt_section", "--resume"], 2, "unknown key 'dta' (did you mean 'data'?)"),
+    (["export", "hf", "--run", "{R}/mt_topkey", "--out", "{R}/hf2"], 2, "{R}/mt_topkey/config.json: unknown key"),
     (["translate", "--run", "{R}/mt", "--weights", "{R}/lm/model.safetensors"], 2,
      "cannot load into Transformer: missing keys"),
     (["translate", "--run", "{R}/mt", "--weights", "nope"], 2, "--weights nope: no such weights file"),
@@ -172,7 +196,8 @@ def test_a_bad_argument_is_refused_before_any_work(capsys, argv, says):
 def test_no_traceback_reaches_stderr(place):
     """The same boundary as a user meets it: the installed entry point in its own process."""
     for argv in (["translate", "--run", f"{place}/badweights"], ["generate", "--run", f"{place}/mt", "x"],
-                 ["train", "lm", "--recipe", f"{place}/bad.yaml", "--run", f"{place}/new15"]):
+                 ["train", "lm", "--recipe", f"{place}/bad.yaml", "--run", f"{place}/new15"],
+                 ["translate", "--run", f"{place}/mt_section"]):
         proc = subprocess.run([sys.executable, "-m", "qkv", *argv], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"})
         assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr

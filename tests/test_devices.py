@@ -36,7 +36,7 @@ if sys.argv[1] == "keep":
     assert keep_freed_memory()
 elif sys.argv[1] == "start":  # every trainer starts through this
     from qkv.training.loop import start
-    from qkv.training.train_mt import MTTrainConfig
+    from qkv.recipes import MTTrainConfig
     start(MTTrainConfig())
 def resident():
     with open("/proc/self/statm") as f:

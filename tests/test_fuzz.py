@@ -32,8 +32,7 @@ from qkv.files import valid_text
 from qkv.models import GPT, Transformer  # noqa: E402
 from qkv.tokenizers.bpe import BPETokenizer  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402
-from qkv.training.lm_run import LMRecipe  # noqa: E402
-from qkv.training.train_mt import MTRecipe  # noqa: E402
+from qkv.recipes import LMRecipe, MTRecipe  # noqa: E402
 from qkv.weights import save_weights  # noqa: E402
 
 # Few examples each, the same ones every run (derandomize): the default tier stays within seconds and a
@@ -63,7 +62,8 @@ def runs(tmp_path_factory):
                           dropout=0.0, max_len=24)
         path = root / name
         tok.save(path)
-        (path / "config.json").write_text(json.dumps({"model": to_dict(cfg), "train": {"context": 24}}))
+        train = {"context": 24} if arch == "gpt" else {}  # a translation recipe has no context: its positions are max_len
+        (path / "config.json").write_text(json.dumps({"model": to_dict(cfg), "train": train}))
         torch.manual_seed(0)
         save_weights(path / "model.safetensors", model_class(cfg))
         out[name] = path

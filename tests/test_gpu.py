@@ -24,11 +24,11 @@ from qkv.generation.beam import beam_search, greedy_search
 from qkv.models.gpt import GPT
 from qkv.models.transformer import Transformer
 from qkv.modules.attention import scaled_dot_product_attention
-from qkv.training.lm_run import LMRecipe
+from qkv.recipes import LMRecipe, MTRecipe
 from qkv.training.logging import read_metrics
 from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.train_lm import train_lm
-from qkv.training.train_mt import MTRecipe, train as train_mt
+from qkv.training.train_mt import train as train_mt
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -17,13 +17,13 @@ from typing import BinaryIO, Iterator, TextIO
 from qkv.cli.common import add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed
 from qkv.cli.pipe import answer_each
 from qkv.config import ALPHA, BEAM
-from qkv.settings import from_dict, recipe_names
-from qkv.data.translation import DataConfig, load_split
+from qkv.settings import recipe_names
+from qkv.data.translation import load_split
 from qkv.demo import run_demo
 from qkv.evaluation.bleu import score
 from qkv.generation.api import InputError, InputTooLongError, Translator
 from qkv.files import read_lines, write_text
-from qkv.runs import CONFIG_FILE, Run, require_arch
+from qkv.runs import Run, require_arch
 from qkv.training import recipes
 from qkv.training.train_mt import train
 
@@ -215,7 +215,7 @@ def cmd_eval_mt(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.src} has {len(src)} lines but {args.ref} has {len(refs)}")
             what = f"{args.src} -> {args.ref}"
         else:
-            data = from_dict(DataConfig, run.section("data"), where=f"{run.file(CONFIG_FILE)}: data")
+            data = run.recipe.data
             if args.data_dir:
                 data = replace(data, data_dir=args.data_dir)
             # --split names a split of the corpus, or a role: train/valid/test mean the run's own

@@ -38,7 +38,8 @@ from qkv.generation.completer import Completer
 from qkv.files import read_json, write_json, write_text
 from qkv.runs import MODEL_WEIGHTS_NAME, RESULTS_FILE, Run, load_model
 from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, pretraining_data
-from qkv.training.lm_run import LMRecipe, load_run_recipe
+from qkv.recipes import LMRecipe
+from qkv.training.lm_run import load_run_recipe
 from qkv.training.train_lm import train_lm
 
 BASE_RECIPE = "baby"

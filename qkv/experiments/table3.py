@@ -28,7 +28,8 @@ from qkv.files import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
 from qkv.training.logging import read_metrics
 from qkv.training import recipes
-from qkv.training.train_mt import MTRecipe, train
+from qkv.recipes import MTRecipe
+from qkv.training.train_mt import train
 
 BASE_RECIPE = "multi30k_de_en"
 # The step budget of every variant: the whole grid in about 3 hours of a fast 2-core machine with two workers,

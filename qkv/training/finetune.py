@@ -48,10 +48,11 @@ from qkv.modules.lora import DEFAULT_TARGETS, apply_lora, lora_state_dict, merge
 from qkv.runs import (
     ADAPTER_FILE, CONFIG_FILE, CURVES_FILE, FINETUNE_FILE, METRICS_FILE, RESULTS_FILE, Run, one_writer, require_arch,
 )
-from qkv.training.lm_run import LMDataConfig, load_run_recipe
+from qkv.recipes import LMDataConfig, LoopConfig, check_adam, check_rates
+from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, TrainResult, accumulate, check_adam, check_rates, check_same_run, compiled,
+    Cadence, LoopState, TrainResult, accumulate, check_same_run, compiled,
     export, rank_share, resume_state, save_state, start, update,
 )
 from qkv.evaluation.losses import masked_nll
@@ -63,7 +64,7 @@ from qkv.weights import load_weights
 
 @dataclass(frozen=True)
 class FinetuneConfig(LoopConfig):
-    """Fine-tuning settings: :class:`~qkv.training.loop.LoopConfig`'s knobs plus these (the ``train:`` section of
+    """Fine-tuning settings: :class:`~qkv.recipes.LoopConfig`'s knobs plus these (the ``train:`` section of
     a fine-tuning recipe, or the ``train:`` of a ``finetune:`` section of a larger YAML file).
 
     Attributes:

@@ -21,10 +21,10 @@ import torch
 
 from qkv.errors import QkvError, require
 from qkv.files import as_os_error, write_text
+from qkv.recipes import LOGGERS
 from qkv.runs import METRICS_FILE, TENSORBOARD_DIR
 
 _RESERVED = ("step", "split", "time", "elapsed")
-LOGGERS = ("jsonl", "tensorboard")  # train.logger: metrics.jsonl always; tensorboard adds its events
 
 
 class NonFiniteLossError(QkvError, FloatingPointError):

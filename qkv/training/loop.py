@@ -5,10 +5,8 @@ Translation (:mod:`qkv.training.train_mt`), GPT pretraining (:mod:`qkv.training.
 fine-tuning (:mod:`qkv.training.finetune`) are each one function that reads top to bottom, built from
 these, so they agree by construction:
 
-- :class:`LoopConfig`: the ``train:`` knobs every recipe has, with one name and one meaning in every
-  job (``steps``, ``warmup``, ``accumulate``, ``clip_norm``, ``eval_every``, ``log_every``, ``seed``,
-  ``device``, ``dtype``, ``threads``, ``max_minutes``). A job changes a default only where its recipe
-  differs (a GPT warms up for 100 steps, the paper's Transformer for 4,000).
+- :class:`~qkv.recipes.LoopConfig`: the ``train:`` knobs every recipe has (it lives in :mod:`qkv.recipes` with
+  every recipe's shape, where the readers of a run find it; imported here for the trainers).
 - :func:`start`: threads, seeds, the device and the precision, into a :class:`Runtime`. The runtime
   also says which process of a group this is (one process: rank 0 of 1; under torchrun it joins the
   group, see :mod:`qkv.training.distributed`), and wraps the model for data-parallel training.
@@ -42,97 +40,14 @@ from torch import nn
 
 from qkv.errors import ConfigError
 from qkv.settings import to_dict
-from qkv.devices import DEVICE_DEFAULT, DTYPES, autocast_dtype, keep_freed_memory, resolve_device
+from qkv.devices import autocast_dtype, keep_freed_memory, resolve_device
 from qkv.parallel import SINGLE, Ranks
+from qkv.recipes import LoopConfig
 from qkv.runs import LAST, MODEL_WEIGHTS_NAME
 from qkv.training import distributed
 from qkv.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from qkv.training.logging import LOGGERS, MetricsLogger, NonFiniteLossError, check_finite
+from qkv.training.logging import MetricsLogger, NonFiniteLossError, check_finite
 from qkv.weights import save_weights
-
-
-NONFINITE_POLICIES = ("stop", "skip")
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """The knobs of a training loop that every recipe has (its ``train:`` section).
-
-    Attributes:
-        steps: Optimizer updates (the paper: 100,000 for the base model).
-        max_minutes: Also stop once this much training time has gone by, with the same final
-            evaluation and export as at ``steps`` (None: no limit).
-        warmup: Steps of linear warmup of the learning rate (the paper: 4,000).
-        accumulate: Batches whose gradients are summed into one update (a bigger effective batch).
-        clip_norm: Clip the gradient's global norm to this (0: no clipping).
-        eval_every: Validate (and checkpoint) every this many steps, and at the end.
-        log_every: Write a training line to metrics.jsonl every this many steps.
-        seed: Seeds the initial weights, dropout and the order of the data.
-        device: ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``.
-        dtype: ``auto`` (bf16 autocast on CUDA, fp16 with a gradient scaler on GPUs without bf16, fp32 on
-            CPU), ``fp32``, ``bf16`` or ``fp16`` (CUDA only).
-        threads: CPU threads for torch (0: torch's default). On a shared machine 1 can be faster than
-            2: a busy core stalls every multi-threaded operation.
-        compile: ``torch.compile`` the training step's model (pays on GPUs; gains little on CPUs; the
-            first steps wait for the compiler).
-        on_nonfinite: What a NaN or infinite loss or gradient norm does: ``stop`` the run (the last
-            checkpoint is kept, and resumes), or ``skip`` the batch (no update; the step still counts, as
-            fairseq and mixed-precision scalers skip a step) and go on.
-        max_skips: With ``skip``, stop anyway after this many skipped batches in a row: a model that
-            diverged is not rescued by skipping, and a run should not spend its budget doing nothing.
-        logger: ``jsonl`` (metrics.jsonl, always written), or ``tensorboard``: its numbers as TensorBoard
-            events in the run's ``tensorboard/`` as well (``pip install 'qkv[tensorboard]'``).
-    """
-
-    steps: int = 20000
-    max_minutes: float | None = None
-    warmup: int = 4000
-    accumulate: int = 1
-    clip_norm: float = 1.0
-    eval_every: int = 1000
-    log_every: int = 100
-    seed: int = 1
-    device: str = DEVICE_DEFAULT
-    dtype: str = "auto"
-    threads: int = 0
-    compile: bool = False
-    on_nonfinite: str = "stop"
-    max_skips: int = 10
-    logger: str = LOGGERS[0]
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "accumulate", "eval_every", "log_every", "max_skips"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "threads", "clip_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ConfigError(f"train.max_minutes must be > 0 (or null), got {self.max_minutes}")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"train.seed must be in [0, 2^63), got {self.seed}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"train.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.logger not in LOGGERS:
-            raise ConfigError(f"train.logger must be one of {list(LOGGERS)}, got {self.logger!r}")
-        if self.on_nonfinite not in NONFINITE_POLICIES:
-            raise ConfigError(f"train.on_nonfinite must be one of {list(NONFINITE_POLICIES)}, got "
-                              f"{self.on_nonfinite!r}")
-
-
-def check_rates(lr: float, min_lr: float) -> None:
-    """A cosine schedule's rates, checked as a recipe is read: a finite peak > 0 and 0 <= min_lr <= lr (an
-    infinite rate would pass a plain comparison and end the run at its second step)."""
-    if not (0 < lr < math.inf and 0 <= min_lr <= lr):
-        raise ConfigError(f"train: need a finite lr > 0 and 0 <= min_lr <= lr, got lr={lr}, min_lr={min_lr}")
-
-
-def check_adam(weight_decay: float, betas: Sequence[float]) -> None:
-    """Adam's and AdamW's knobs, checked as a recipe is read: decay >= 0, two betas in [0, 1)."""
-    if not weight_decay >= 0:
-        raise ConfigError(f"train.weight_decay must be >= 0, got {weight_decay}")
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ConfigError(f"train: Adam's betas must be two numbers in [0, 1), got {list(betas)}")
 
 
 @dataclass(frozen=True)
@@ -533,6 +448,6 @@ def export(run_dir: str | Path, model: nn.Module, runtime: Runtime, **metadata: 
     return save_weights(Path(run_dir) / MODEL_WEIGHTS_NAME, model, metadata={k: str(v) for k, v in metadata.items()})
 
 
-__all__ = ["LoopConfig", "NONFINITE_POLICIES", "check_adam", "check_rates", "Runtime", "start", "compiled", "optimizer_step",
+__all__ = ["Runtime", "start", "compiled", "optimizer_step",
            "update", "LoopState", "Cadence", "save_state", "resume_state", "fixed_settings", "check_same_run",
            "export"]

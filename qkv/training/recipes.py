@@ -14,8 +14,7 @@ from typing import Any, Sequence
 from qkv.settings import apply_overrides, load_json, load_recipe
 from qkv.runs import CONFIG_FILE
 from qkv.training.finetune import FinetuneRecipe
-from qkv.training.lm_run import LMRecipe
-from qkv.training.train_mt import MTRecipe
+from qkv.recipes import LMRecipe, MTRecipe
 
 # The recipe of each kind of job. A fine-tuning recipe's file may hold its sections under `finetune:`; a
 # fine-tuning run resumes from the command that started it (the trainer checks it against the run's record).

@@ -37,7 +37,8 @@ from qkv.models.gpt import GPT
 from qkv.runs import BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, Run, one_writer
 from qkv.tokenizers import TOKENIZER_FILE, BPETokenizer, CharTokenizer, load_tokenizer
 from qkv.tokenizers.gpt2 import GPT2Tokenizer
-from qkv.training.lm_run import LMDataConfig, LMRecipe, load_run_recipe
+from qkv.recipes import LMDataConfig, LMRecipe
+from qkv.training.lm_run import load_run_recipe
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
     Cadence, LoopState, TrainResult, accumulate, check_same_run, compiled, export, fixed_settings, rank_share,

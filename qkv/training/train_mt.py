@@ -24,17 +24,17 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from qkv.config import ALPHA, BEAM, MAX_TOKENS, ModelConfig
+from qkv.config import ALPHA, MAX_TOKENS
 from qkv.errors import ConfigError
 from qkv.settings import load_json, save_json
 from qkv.data.translation import (
-    BatchStream, DataConfig, encode_pairs, filter_by_length, load_split, train_joint_bpe,
+    BatchStream, encode_pairs, filter_by_length, load_split, train_joint_bpe,
 )
 from qkv.evaluation.bleu import score
 from qkv.evaluation.validation import translation_loss
@@ -42,6 +42,7 @@ from qkv.generation.api import Translator
 from qkv.devices import autocast, evaluating, model_device
 from qkv.files import write_json, write_text
 from qkv.parallel import SINGLE, Ranks
+from qkv.recipes import MTRecipe
 from qkv.models.transformer import Transformer
 from qkv.runs import (
     AVERAGE_WEIGHTS_NAME, BEST_WEIGHTS_NAME, CONFIG_FILE, CURVES_FILE, METRICS_FILE, MODEL_WEIGHTS_NAME, RESULTS_FILE, STEP_PREFIX, Run,
@@ -51,96 +52,13 @@ from qkv.tokenizers import load_tokenizer
 from qkv.weights import average_checkpoints, load_state_dict_into, load_weights, save_weights
 from qkv.training.logging import MetricsLogger, Progress
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, TrainResult, accumulate, check_adam, check_same_run, compiled, export,
+    Cadence, LoopState, TrainResult, accumulate, check_same_run, compiled, export,
     fixed_settings, rank_share, resume_state, save_state, start, update,
 )
 from qkv.evaluation.losses import label_smoothed_nll
 from qkv.training.optim import build_adam
 from qkv.training.plots import plot_curves
 from qkv.training.schedules import inverse_sqrt_lr, noam_lr, set_lr
-
-
-def _default_model() -> ModelConfig:
-    # vocab_size and pad_id are set from the tokenizer when a run starts.
-    return ModelConfig(arch="transformer", d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1, max_len=256)
-
-
-@dataclass(frozen=True)
-class MTTrainConfig(LoopConfig):
-    """The ``train:`` section of a translation recipe: :class:`~qkv.training.loop.LoopConfig`'s knobs plus these.
-
-    Attributes:
-        peak_lr: the learning rate at the end of warmup; None uses the paper's formula,
-            ``lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``.
-        lr_factor: multiplier of the paper's formula (when ``peak_lr`` is None).
-        adam_betas, adam_eps: the paper's Adam (0.9, 0.98), 1e-9.
-        weight_decay: L2 penalty (the paper: none).
-        label_smoothing: epsilon_ls (the paper: 0.1).
-        eval_bleu_sentences: validation sentences translated for BLEU at each evaluation (0: loss only).
-        eval_beam: beam size of those translations (1: greedy, fast).
-        best_metric: ``loss`` (validation NLL) or ``bleu`` picks the best checkpoint and drives early stopping.
-        patience: stop after this many evaluations without improvement (0: never).
-        keep_checkpoints: step checkpoints kept for averaging.
-        average_last: average the last K step checkpoints at the end (0 or 1: no averaging).
-        test_beam: beam size for the test set at the end.
-        test_alpha: length penalty for the test set at the end.
-    """
-
-    peak_lr: float | None = None
-    lr_factor: float = 1.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    eval_bleu_sentences: int = 200
-    eval_beam: int = 1
-    best_metric: str = "loss"
-    patience: int = 0
-    keep_checkpoints: int = 5
-    average_last: int = 5
-    test_beam: int = BEAM
-    test_alpha: float = ALPHA
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.best_metric not in ("loss", "bleu"):
-            raise ConfigError(f"train.best_metric must be 'loss' or 'bleu', got {self.best_metric!r}")
-        if self.best_metric == "bleu" and self.eval_bleu_sentences < 1:
-            raise ConfigError("train.best_metric='bleu' needs train.eval_bleu_sentences > 0")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.warmup < 1:
-            raise ConfigError(f"train.warmup must be >= 1 (the schedule divides by it), got {self.warmup}")
-        if self.peak_lr is not None and not 0 <= self.peak_lr < math.inf:
-            raise ConfigError(f"train.peak_lr must be a finite number >= 0 (or null: the paper's formula), got "
-                              f"{self.peak_lr}")
-        if not 0 < self.lr_factor < math.inf or not self.adam_eps > 0:
-            raise ConfigError(f"train: need lr_factor > 0 and adam_eps > 0, got {self.lr_factor}, {self.adam_eps}")
-        check_adam(self.weight_decay, self.adam_betas)
-        for name in ("eval_beam", "test_beam", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.patience < 0 or self.average_last < 0 or self.eval_bleu_sentences < 0:
-            raise ConfigError("train.patience, average_last and eval_bleu_sentences must be >= 0")
-        if not (self.test_alpha >= 0 and math.isfinite(self.test_alpha)):
-            raise ConfigError(f"train.test_alpha must be a finite number >= 0, got {self.test_alpha}")
-
-
-@dataclass(frozen=True)
-class MTRecipe:
-    """Everything a translation run needs: the ``model:``, ``data:`` and ``train:`` sections of a recipe
-    (``qkv/recipes/mt/*.yaml``).
-
-    ``model.vocab_size`` and ``model.pad_id`` come from the tokenizer when a run starts.
-    """
-
-    model: ModelConfig = field(default_factory=_default_model)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: MTTrainConfig = field(default_factory=MTTrainConfig)
-
-    def __post_init__(self) -> None:
-        if self.model.arch != "transformer":
-            raise ConfigError(f"model.arch must be 'transformer' for translation, got {self.model.arch!r}")
 
 
 def learning_rate(cfg: MTRecipe, step: int) -> float:
@@ -395,5 +313,5 @@ def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwr
     return result
 
 
-__all__ = ["MTRecipe", "MTTrainConfig", "train", "learning_rate",
+__all__ = ["train", "learning_rate",
            "translate_and_score"]

@@ -11,7 +11,7 @@ from qkv.errors import ConfigError, DataError
 from qkv.data.lm import (LMData, load_splits, load_tokens, split_by_position, split_documents, split_text, token_dtype,
                          tokenize_to_file)
 from qkv.tokenizers.char import CharTokenizer
-from qkv.training.lm_run import LMDataConfig
+from qkv.recipes import LMDataConfig
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20
 

@@ -221,7 +221,7 @@ def test_a_converted_gpt2_fine_tunes_without_tokens_and_mixes_the_text_it_is_giv
 
 def test_a_recipe_can_ask_for_gpt2s_tokenizer(monkeypatch):
     from qkv.errors import ConfigError
-    from qkv.training.lm_run import LMDataConfig
+    from qkv.recipes import LMDataConfig
     from qkv.training.train_lm import build_tokenizer
 
     monkeypatch.setattr(GPT2Tokenizer, "from_tiktoken", classmethod(lambda cls: small_gpt2_like()))

@@ -13,7 +13,7 @@ from qkv.runs import Run, load_model
 from qkv.evaluation.losses import masked_nll
 from qkv.errors import ConfigError
 from qkv.settings import from_dict
-from qkv.training.lm_run import LMDataConfig, LMRecipe
+from qkv.recipes import LMDataConfig, LMRecipe
 from qkv.training.train_lm import train_lm
 
 PAIRS = [("我累了。", "I'm tired."), ("我很好。", "I'm fine."), ("他来了。", "He came."), ("你好。", "Hello.")]

@@ -8,8 +8,9 @@ from torch import nn
 
 from qkv.errors import ConfigError
 from qkv.training.logging import NonFiniteLossError
+from qkv.recipes import LoopConfig
 from qkv.training.loop import (
-    Cadence, LoopConfig, LoopState, Runtime, check_same_run, export, optimizer_step, resume_state, save_state,
+    Cadence, LoopState, Runtime, check_same_run, export, optimizer_step, resume_state, save_state,
 )
 
 

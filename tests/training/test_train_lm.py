@@ -13,7 +13,8 @@ from qkv.settings import from_dict, recipe_file, recipe_names
 from qkv.data.lm import load_splits, split_documents
 from qkv.evaluation.validation import evaluate_tokens
 from qkv.runs import Run, RunError, load_model
-from qkv.training.lm_run import LMRecipe, load_run_recipe
+from qkv.recipes import LMRecipe
+from qkv.training.lm_run import load_run_recipe
 from qkv.training import recipes
 from qkv.training.train_lm import train_lm
 

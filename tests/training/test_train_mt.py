@@ -16,7 +16,8 @@ from qkv.weights import load_weights
 from qkv.training.logging import read_metrics
 from qkv.training.schedules import noam_lr
 from qkv.training import recipes
-from qkv.training.train_mt import MTRecipe, MTTrainConfig, learning_rate, train, translate_and_score
+from qkv.recipes import MTRecipe, MTTrainConfig
+from qkv.training.train_mt import learning_rate, train, translate_and_score
 
 TINY = MTRecipe(
     model=ModelConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.1, max_len=64),
