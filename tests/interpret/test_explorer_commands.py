@@ -75,7 +75,8 @@ def test_export_a_real_run_embeds_the_model_it_runs(mt_run, tmp_path, capsys):
     assert live["default_text"] == "他想睡觉" and live["manifest"]["kind"] == "translation"
     assert live["manifest"]["sizes"]["d_model"] == 16
     files = re.findall(r'<script type="application/octet-stream" data-qkv-file="([^"]+)">', html)
-    assert sorted(files) == ["decoder.onnx", "encoder.onnx", live["wasm"]]
+    assert sorted(files) == sorted(["decoder.onnx", "encoder.onnx", *live["wasm"].values()])
+    assert set(live["wasm"]) == {"wasm", "webgpu"}  # both runtimes' wasm, the WebGPU one used only when chosen
     assert 'id="qkv-model-data"' not in html
     assert "'wasm-unsafe-eval'" in html and "connect-src" not in html  # the file fetches nothing
 
@@ -84,7 +85,8 @@ def test_a_site_is_a_folder_of_the_page_the_model_and_the_runtime(mt_run, tmp_pa
     site = tmp_path / "site"
     assert commands.cmd_explore(parse("--run", str(mt_run), "--site", str(site))) == 0
     names = sorted(p.name for p in site.iterdir())
-    assert names == ["decoder.onnx", "encoder.onnx", "index.html", "ort-wasm-simd-threaded.wasm.gz"]
+    assert names == ["decoder.onnx", "encoder.onnx", "index.html", "ort-wasm-simd-threaded.jspi.wasm.gz",
+                     "ort-wasm-simd-threaded.wasm.gz"]
     html = (site / "index.html").read_text(encoding="utf-8")
     assert 'type="application/octet-stream"' not in html and "connect-src 'self'" in html
     assert commands.cmd_explore(parse("--export", str(tmp_path / "a.html"), "--site", str(site))) == 2
