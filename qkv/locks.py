@@ -27,21 +27,38 @@ def try_lock(path: str | Path) -> int | None:
 
     The lock lasts until the descriptor is closed (:func:`release`) or the process ends.
     """
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)  # the umask decides, as for any file
-    if fcntl is None:
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # another process holds it
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)  # the umask decides, as for any file
+        if fcntl is None:
+            return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it
+            os.close(fd)
+            return None
+        # The holder before may have removed the file as it let go (:func:`put_back`): a lock on a file that is
+        # no longer at ``path`` locks nothing, so take the one there now.
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        return None
-    return fd
 
 
 def describe(fd: int, text: str) -> None:
     """Write ``text`` (who holds the lock) into the locked file."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, text.encode("utf-8"), 0)
+
+
+def put_back(fd: int, path: str | Path, found: bytes | None) -> None:
+    """Leave the locked file as it was found before :func:`try_lock`: its bytes (``found``), or no file (None)."""
+    if found is None:
+        os.unlink(path)
+    else:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, found, 0)
 
 
 def holder(path: str | Path) -> str:
@@ -57,4 +74,4 @@ def release(fd: int) -> None:
     os.close(fd)
 
 
-__all__ = ["LOCKS", "try_lock", "describe", "holder", "release"]
+__all__ = ["LOCKS", "try_lock", "describe", "put_back", "holder", "release"]

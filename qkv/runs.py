@@ -17,6 +17,7 @@ gpt2``) and every command that uses a model reads one (``translate``, ``generate
     curves.png            loss, learning rate (and BLEU) against step
     results.json          the final scores
     finetune.json         a fine-tuning run's settings and its base run
+    finished.json         written last, when the job that writes the run has ended (Run.finish): the run is done
 
 Weights are named by one vocabulary everywhere (``--weights``): ``model``, ``best``, ``last``,
 ``average``, or the path of a ``.safetensors`` file. The default is ``model``, else ``best``, else
@@ -45,7 +46,7 @@ from qkv.recipes import RUN_RECIPES
 from qkv.settings import read_saved, to_dict
 from qkv.data.lm import TOKENS_FILE
 from qkv.devices import resolve_device
-from qkv.files import as_os_error, left_behind, left_behind_in, read_json
+from qkv.files import as_os_error, left_behind, left_behind_in, read_json, write_json
 from qkv.parallel import launched_rank
 from qkv.models.kinds import KINDS
 from qkv.tokenizers import TOKENIZER_FILE, Tokenizer, TokenizerError, load_tokenizer
@@ -58,6 +59,7 @@ RESULTS_FILE = "results.json"
 PRONOUNS_JSON = "pronouns.json"  # qkv explain: which heads resolve pronouns, and what switching each off does
 PRONOUNS_PNG = "pronouns.png"
 FINETUNE_FILE = "finetune.json"
+FINISHED_FILE = "finished.json"  # the last file a job writes: the run is finished (Run.exists)
 ADAPTER_FILE = "adapter.safetensors"
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (train.logger: tensorboard)
 LAST = "last"  # the checkpoint an exact --resume continues from
@@ -71,7 +73,8 @@ WEIGHT_NAMES = ("model", "best", "last", "average")
 # What a run is used with when no name is given: the final choice, else the best, else the last.
 _DEFAULT_WEIGHTS = ("model", "best", "last")
 # Files a fresh run replaces when asked to (--overwrite); step_*, .hyp and tokens files as well.
-_RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, FINETUNE_FILE, ADAPTER_FILE,
+_RUN_FILES = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, CURVES_FILE, RESULTS_FILE, FINETUNE_FILE, FINISHED_FILE,
+              ADAPTER_FILE,
               *(f"{n}{WEIGHTS_SUFFIX}" for n in WEIGHT_NAMES), f"{LAST}.pt")
 # Where the replaced run waits until the new one has started (Run.starting).
 REPLACED_DIR = ".replaced"
@@ -115,8 +118,25 @@ class Run:
 
     @property
     def exists(self) -> bool:
-        """Whether the directory holds a run (its ``config.json``)."""
+        """Whether the directory holds a finished run: its weights (``model.safetensors``) and ``finished.json``,
+        which the job that wrote the run writes last (:meth:`finish`). A run stopped part way (killed,
+        interrupted, stopped by a NaN) holds a config.json, a tokenizer and metrics, maybe a checkpoint, but is
+        not one: ``--resume`` continues it from its checkpoint (:attr:`has_checkpoint`), or it starts again."""
+        return self.file(MODEL_WEIGHTS_NAME).is_file() and self.file(FINISHED_FILE).is_file()
+
+    @property
+    def started(self) -> bool:
+        """Whether the directory holds a run, finished or not (its ``config.json``)."""
         return self.file(CONFIG_FILE).is_file()
+
+    def finish(self, step: int) -> Path:
+        """Mark the run finished (:attr:`exists`): ``finished.json``, written atomically, the last file of every job
+        that writes a run, once its weights and everything else are written."""
+        return write_json(self.file(FINISHED_FILE), {"step": step, "weights": MODEL_WEIGHTS_NAME})
+
+    def unfinish(self) -> None:
+        """A finished run that is resumed to train further is not finished until it ends again."""
+        self.file(FINISHED_FILE).unlink(missing_ok=True)
 
     @property
     def has_checkpoint(self) -> bool:
@@ -257,7 +277,9 @@ class Run:
         ``--resume``, an ``--overwrite`` or a fine-tuning into the same folder) is refused, in one line
         that names the holder. The lock is an ``flock`` on ``RUN/.writer.lock`` (:mod:`qkv.locks`), so
         the system lets go of it however the writer ends. Readers never take it. Once it holds the lock,
-        the writer deletes the temporary files a killed writer left (:func:`qkv.files.left_behind_in`).
+        the writer deletes the temporary files a killed writer left (:func:`qkv.files.left_behind_in`). A
+        block that fails puts the lock file back as it found it (or removes it, and a folder it created for
+        nothing): what a failed command leaves is the directory as it was.
 
         A job that holds the lock may call another that takes it (``qkv demo`` trains, then writes its
         figures): within one process the lock is taken once and held until the outermost block ends.
@@ -272,6 +294,7 @@ class Run:
         created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.file(WRITER_LOCK)
+        found = path.read_bytes() if path.is_file() else None  # who held the lock last, or no lock file yet
         with as_os_error(path):  # a full disk or a read-only folder names the file
             fd = locks.try_lock(path)
         if fd is None:
@@ -289,10 +312,14 @@ class Run:
                     temp.unlink()
             _HELD.add(key)
             yield self
+        except BaseException:
+            # A writer that fails leaves the directory as it found it, byte for byte: its lock file too.
+            locks.put_back(fd, path, found)
+            raise
         finally:
             _HELD.discard(key)
-            if created and [p.name for p in self.path.iterdir()] == [WRITER_LOCK]:  # a start that wrote nothing
-                path.unlink()
+            if created and {p.name for p in self.path.iterdir()} <= {WRITER_LOCK}:  # a start that wrote nothing
+                path.unlink(missing_ok=True)
                 self.path.rmdir()
             locks.release(fd)
 
@@ -473,7 +500,7 @@ def require_arch(run: Run, arch: str, command: str, instead: str | None = None) 
 
 __all__ = [
     "Run", "RunError", "one_writer", "WRITER_LOCK", "load_model", "require_arch", "WEIGHT_NAMES", "CONFIG_FILE", "TOKENIZER_FILE",
-    "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
+    "METRICS_FILE", "TENSORBOARD_DIR", "CURVES_FILE", "RESULTS_FILE", "FINETUNE_FILE", "FINISHED_FILE", "ADAPTER_FILE", "LAST", "STEP_PREFIX",
     "PRONOUNS_JSON", "PRONOUNS_PNG",
     "MODEL_WEIGHTS_NAME", "BEST_WEIGHTS_NAME",
     "TOKENS_FILE", "WEIGHTS_SUFFIX",

@@ -199,7 +199,7 @@ def test_the_naming_rule_catches_a_synonym(tmp_path):
 # three it takes from the modules that write those files; every other module asks qkv.runs.
 RUN_FILES = {"config.json", "tokenizer.json", "tokenizer.bpe", "model.safetensors", "best.safetensors",
              "average.safetensors", "last.pt", "last.safetensors", "metrics.jsonl", "results.json", "curves.png",
-             "pronouns.json", "pronouns.png", "finetune.json", "adapter.safetensors", "tokens.bin"}
+             "pronouns.json", "pronouns.png", "finetune.json", "finished.json", "adapter.safetensors", "tokens.bin"}
 NAMED_WHERE_WRITTEN = {("tokenizers", "__init__.py"): "tokenizer.json", ("tokenizers", "gpt2.py"): "tokenizer.bpe",
                        ("data", "lm.py"): "tokens.bin"}
 

@@ -36,7 +36,7 @@ from qkv.evaluation.validation import evaluate_tokens, response_loss
 from qkv.experiments.grid import Variant, machine, read_results, spread
 from qkv.generation.completer import Completer
 from qkv.files import read_json, write_json, write_text
-from qkv.runs import MODEL_WEIGHTS_NAME, RESULTS_FILE, Run, load_model
+from qkv.runs import RESULTS_FILE, Run, load_model
 from qkv.training.finetune import FinetuneConfig, FinetuneData, FinetuneRecipe, finetune, pretraining_data
 from qkv.recipes import LMRecipe
 from qkv.training.lm_run import load_run_recipe
@@ -77,7 +77,7 @@ def base_recipe(task_text: Path, steps: int = BASE_STEPS) -> LMRecipe:
 def prepare_base(out: Path, steps: int = BASE_STEPS, quiet: bool = True) -> Path:
     """Pretrain the base in ``OUT/base`` (resumed if interrupted, skipped if done); return its directory."""
     base = out / BASE_DIR
-    if (base / MODEL_WEIGHTS_NAME).is_file():
+    if Run(base).exists:
         return base
     task_text = out / "task_text.txt"
     pairs = load_pairs(TASK_TRAIN) + load_pairs(TASK_VALID) + load_pairs(TASK_TEST)

@@ -323,19 +323,7 @@ def finetune(
     if pretrain is not None:
         pretrain.check_context(context)
 
-    def prepare() -> None:  # the main rank writes the run directory; any others wait
-        with Run(out_dir).starting(resume, overwrite):
-            record = {"base_run": str(base_run), "data": data.train, "data_sha256": fingerprint(train_pairs),
-                      "finetune": to_dict(cfg)}
-            if resume:
-                check_same_run(_fixed(read_json(out_dir / FINETUNE_FILE, "fine-tuning record")), _fixed(record))
-            tokenizer.save(out_dir)
-            save_json(recipe, out_dir / CONFIG_FILE)
-            write_json(out_dir / FINETUNE_FILE, record)
-
-    ranks.main_first(prepare)
-
-    # Data: the task examples.
+    # Data: the task examples (too long ones refused here, unless train.truncate).
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
     train_examples = encode_pairs(train_pairs, tokenizer, context, cfg.truncate)
     valid_examples = encode_pairs(valid_pairs, tokenizer, context, cfg.truncate) if valid_pairs else []
@@ -347,6 +335,21 @@ def finetune(
     torch.manual_seed(cfg.seed)
     model = GPT(recipe.model).to(device)
     load_weights(base.weights_path(), model)
+
+    # Everything read and checked (the base run, its weights, the data): only now is the run written.
+    record = {"base_run": str(base_run), "data": data.train, "data_sha256": fingerprint(train_pairs),
+              "finetune": to_dict(cfg)}
+
+    def prepare() -> None:  # the main rank writes the run directory; any others wait
+        with Run(out_dir).starting(resume, overwrite):
+            if resume:  # its records are written once its checkpoint is loaded (resume_state)
+                check_same_run(_fixed(read_json(out_dir / FINETUNE_FILE, "fine-tuning record")), _fixed(record))
+                return
+            tokenizer.save(out_dir)
+            save_json(recipe, out_dir / CONFIG_FILE)
+            write_json(out_dir / FINETUNE_FILE, record)
+
+    ranks.main_first(prepare)
     if cfg.lora_rank:
         apply_lora(model, cfg.lora_rank, cfg.lora_alpha or None, cfg.lora_targets, cfg.lora_dropout)
     optimizer = build_adamw(model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
@@ -376,7 +379,8 @@ def finetune(
     streams = {"task_data": sampler, **({"pretrain_data": pretrain} if pretrain is not None else {})}
     metrics = MetricsLogger(out_dir, enabled=runtime.is_main, logger=cfg.logger)
     if resume:
-        saved = resume_state(out_dir, model, optimizer, state, runtime, metrics, **streams)
+        saved = resume_state(out_dir, model, optimizer, state, runtime, metrics,
+                             {CONFIG_FILE: to_dict(recipe), FINETUNE_FILE: record}, **streams)
         before = {k: float(v) for k, v in saved["before"].items()}
     else:
         before = evaluate(full=True)
@@ -472,4 +476,6 @@ def finetune(
             plot_curves(out_dir / METRICS_FILE, out_dir / CURVES_FILE)
         except (ValueError, ImportError):
             pass
+    if cadence.last and runtime.is_main:  # not a run stopped before its end (stop_at)
+        Run(out_dir).finish(step)
     return result

@@ -45,7 +45,7 @@ def convert_gpt2_run(source: str | Path, run_dir: str | Path, tokenizer: str | P
     """
     transformers = require("transformers", "hf", "qkv convert gpt2")
     run_dir, folder = Path(run_dir), Path(source)
-    if Run(run_dir).exists:
+    if Run(run_dir).started:
         raise RunError(f"{run_dir} already holds a run; pick another --run")
     if not folder.is_dir() and (folder.is_absolute() or str(source).startswith(".")):
         raise FileNotFoundError(f"{source}: no such folder (--from takes a folder saved by save_pretrained, or "
@@ -75,4 +75,5 @@ def convert_gpt2_run(source: str | Path, run_dir: str | Path, tokenizer: str | P
     gpt2_tokenizer.save(run_dir)
     save_json(recipe, run_dir / CONFIG_FILE)
     save_weights(run_dir / MODEL_WEIGHTS_NAME, model, metadata={"converted_from": str(source)})
+    Run(run_dir).finish(0)
     return run_dir

@@ -43,7 +43,8 @@ from qkv.settings import to_dict
 from qkv.devices import autocast_dtype, keep_freed_memory, resolve_device
 from qkv.parallel import SINGLE, Ranks
 from qkv.recipes import LoopConfig
-from qkv.runs import LAST, MODEL_WEIGHTS_NAME
+from qkv.files import write_json
+from qkv.runs import LAST, MODEL_WEIGHTS_NAME, Run
 from qkv.training import distributed
 from qkv.training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from qkv.training.logging import MetricsLogger, NonFiniteLossError, check_finite
@@ -409,12 +410,16 @@ def check_same_run(saved: Mapping[str, Any], resumed: Mapping[str, Any]) -> None
 
 def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState,
                  runtime: Runtime | None = None, metrics: MetricsLogger | None = None,
-                 **streams: Any) -> dict[str, Any]:
+                 record: Mapping[str, Any] | None = None, **streams: Any) -> dict[str, Any]:
     """Load the ``last`` checkpoint into ``model``, ``optimizer``, ``state`` and each stream; return the whole
     saved state (for what a recipe kept of its own).
 
-    ``metrics`` is cut back to the lines it held at the checkpoint: what was logged after it is logged
-    again by the resumed run, so the file equals an uninterrupted run's line for line.
+    Only then, everything the resume continues from read and checked, does the resume write: ``metrics`` is
+    cut back to the lines it held at the checkpoint (what was logged after it is logged again by the resumed
+    run, so the file equals an uninterrupted run's line for line), the files of ``record`` (a file name and
+    its JSON: the run's config.json, with the settings a resume may change) are written, and the run is no
+    longer finished (:meth:`~qkv.runs.Run.unfinish`). So a resume that fails (weights of another model, a
+    checkpoint that is damaged or gone) leaves the run as it was, byte for byte.
 
     Each rank takes back its own random state when the checkpoint was written by as many ranks; else
     rank 0's, and ranks above reseed by rank and step.
@@ -427,8 +432,6 @@ def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.O
     state.load_state_dict(saved["loop"])
     for name, stream in streams.items():
         stream.load_state_dict(saved[name])
-    if metrics is not None and "metrics_lines" in saved:
-        metrics.rewind(int(saved["metrics_lines"]))
     if runtime is not None and runtime.scaler is not None and "grad_scaler" in saved:
         runtime.scaler.load_state_dict(saved["grad_scaler"])
     if runtime is not None and runtime.rank > 0:
@@ -437,6 +440,12 @@ def resume_state(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.O
             restore_rng_state(per_rank[runtime.rank])
         else:
             torch.manual_seed(runtime.seed + runtime.rank + 1_000_003 * state.step)
+    if metrics is not None and "metrics_lines" in saved:
+        metrics.rewind(int(saved["metrics_lines"]))
+    if runtime is None or runtime.is_main:
+        for name, data in (record or {}).items():
+            write_json(Path(run_dir) / name, data)
+        Run(run_dir).unfinish()
     return saved
 
 

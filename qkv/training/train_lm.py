@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.errors import ConfigError, DataError
-from qkv.settings import save_json
+from qkv.settings import save_json, to_dict
 from qkv.data.corpora import get_corpus, read_parallel, read_text
 from qkv.data.lm import TOKENS_FILE, LMData, split_text, tokenize_to_file
 from qkv.evaluation.validation import estimate_loss, evaluate_tokens
@@ -158,9 +158,10 @@ def train_lm(
                 tokenizer.save(run_dir)
             tokenizer = load_tokenizer(run_dir)
             resolved = replace(recipe, model=replace(recipe.model, vocab_size=tokenizer.vocab_size))
-            if resume:
+            if resume:  # its config.json is written once the checkpoint is loaded (resume_state)
                 check_same_run(fixed_settings(load_run_recipe(run_dir)), fixed_settings(resolved))
-            save_json(resolved, run_dir / CONFIG_FILE)
+            else:
+                save_json(resolved, run_dir / CONFIG_FILE)
             train_text, valid_text = split_text(text, recipe.data.split, recipe.data.valid_fraction)
             tokenize_to_file(train_text, tokenizer, run_dir / TOKENS_FILE, _tokenizer_id(run_dir), valid_text)
 
@@ -179,7 +180,7 @@ def train_lm(
     state = LoopState()
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main, logger=tc.logger)
     if resume:
-        resume_state(run_dir, model, optimizer, state, runtime, metrics, data=data)
+        resume_state(run_dir, model, optimizer, state, runtime, metrics, {CONFIG_FILE: to_dict(recipe)}, data=data)
     forward = compiled(wrapped, tc)
 
     cadence = Cadence(tc, state)
@@ -269,10 +270,13 @@ def train_lm(
                       "best_valid_estimate": result.best if math.isfinite(result.best) else None,
                       "valid_loss_full": result.final.get("loss")}
     metrics.close()
-    if not plot or not runtime.is_main:
+    if not runtime.is_main:
         return result
-    try:
-        plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
-    except (ValueError, ImportError):  # nothing logged yet, or no matplotlib: the curves are optional
-        pass
+    if plot:
+        try:
+            plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
+        except (ValueError, ImportError):  # nothing logged yet, or no matplotlib: the curves are optional
+            pass
+    if cadence.last:  # not a run stopped before its end (stop_at)
+        Run(run_dir).finish(step)
     return result

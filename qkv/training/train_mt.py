@@ -32,7 +32,7 @@ import torch
 
 from qkv.config import ALPHA, MAX_TOKENS
 from qkv.errors import ConfigError
-from qkv.settings import load_json, save_json
+from qkv.settings import load_json, save_json, to_dict
 from qkv.data.translation import (
     BatchStream, encode_pairs, filter_by_length, load_split, train_joint_bpe,
 )
@@ -127,12 +127,14 @@ def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwr
             if not resume:
                 train_joint_bpe(train_src, train_tgt, d.vocab_size, d.corpus).save(run_dir)
             tok = load_tokenizer(run_dir)
-            # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran.
+            # The model's vocabulary is the tokenizer's; the config saved is the one that actually ran. A
+            # resume writes it once its checkpoint is loaded (resume_state): a resume that fails changes nothing.
             resolved = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size, pad_id=tok.pad_id))
             if resume:
                 saved = load_json(Path(run_dir) / CONFIG_FILE, MTRecipe)
                 check_same_run(fixed_settings(saved), fixed_settings(resolved))
-            save_json(resolved, run_dir / CONFIG_FILE)
+            else:
+                save_json(resolved, run_dir / CONFIG_FILE)
 
     ranks.main_first(prepare)
     tok = load_tokenizer(run_dir)
@@ -163,7 +165,7 @@ def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwr
     state = LoopState()
     metrics = MetricsLogger(run_dir, enabled=runtime.is_main, logger=tc.logger)
     if resume:
-        resume_state(run_dir, model, optimizer, state, runtime, metrics, data=stream)
+        resume_state(run_dir, model, optimizer, state, runtime, metrics, {CONFIG_FILE: to_dict(cfg)}, data=stream)
 
     cadence = Cadence(tc, state)
     progress = Progress(tc.steps, desc=desc, log_every=tc.log_every, start_step=state.step,
@@ -310,6 +312,7 @@ def train(recipe: MTRecipe, run_dir: str | Path, *, resume: bool = False, overwr
         plot_curves(run_dir / METRICS_FILE, run_dir / CURVES_FILE)
     except ValueError as e:
         log(f"no curves: {e}")
+    Run(run_dir).finish(step)
     return result
 
 
