@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import sys
 import tempfile
 import time
@@ -28,8 +29,13 @@ HERE = Path(__file__).resolve().parent
 LANGS = ("zh", "en")
 
 
+# A line break between two Chinese characters: Markdown renders a break as a space, which Chinese text does not
+# have, so the source's lines are joined there (a break next to a Latin word or code stays a space).
+_CJK_BREAK = re.compile(r"(?<=[^\x00-\x7f])\n(?=[^\x00-\x7f])")
+
+
 def md(zh: str, en: str) -> tuple[str, str, str]:
-    return ("markdown", zh.strip(), en.strip())
+    return ("markdown", _CJK_BREAK.sub("", zh.strip()), en.strip())
 
 
 def code(source: str) -> tuple[str, str, str]:
@@ -69,12 +75,14 @@ time) and Section 3 of "Attention Is All You Need".
     md("""
 ## 1. 一个训练好的模型
 
-如果 `runs/demo` 里还没有模型，下面这格会先训练一个（两核 CPU 上一分钟左右）；有的话直接读进来。
+这个笔记本写的所有文件都放在它旁边的 `runs/` 里（git 不管这个文件夹）。如果 `runs/demo` 里还没有训练完的模型
+（没有，或者上次训练到一半被打断了），下面这格会重新训练一个（两核 CPU 上一分钟左右）；有的话直接读进来。
 """, """
 ## 1. A trained model
 
-If `runs/demo` holds no model yet, the next cell trains one (about a minute on two CPU cores); otherwise it is
-loaded.
+Everything this notebook writes goes into `runs/` beside it (a folder git ignores). If `runs/demo` holds no
+finished model yet (none, or a training stopped part way), the next cell trains one (about a minute on two CPU
+cores); otherwise it is loaded.
 """),
     code("""
 import math
@@ -89,7 +97,7 @@ from qkv.runs import Run
 
 torch.set_num_threads(2)
 RUN = Path("runs/demo")
-if not Run(RUN).exists:
+if not Run(RUN).exists:   # not trained, or stopped part way: the demo trains it again from the start
     run_demo(RUN, quiet=True)
 translator = Translator.from_run(RUN, device="cpu")
 model, tok = translator.model, translator.tokenizer
@@ -393,28 +401,37 @@ for i in range(1, len(article)):
 ## 2. 预训练一个很小的 GPT
 
 语料是 qkv 的演示语料里的两万句中文（“小明今天在家想吃饭。”这样的句子）。模型：2 层，d_model 128，4 个头，
-每次看 128 个字。词表按字切，也包含后面翻译任务要用到的英文字母。两核 CPU 上半分钟左右。
+每次看 128 个字。词表按字切，也包含后面翻译任务要用到的英文字母。两核 CPU 上半分钟左右。训练每 100 步存一次
+检查点：如果中途打断（停止或重启内核），再运行这一格会从最后一个检查点接着训练，结果和一口气训练完一样。
+这个笔记本写的所有文件都放在它旁边的 `runs/` 里（git 不管这个文件夹）。
 """, """
 ## 2. Pretraining a tiny GPT
 
 The corpus: the 20,000 Chinese sentences of qkv's demo corpus (sentences such as 小明今天在家想吃饭。). The
 model: 2 layers, d_model 128, 4 heads, 128 characters of context. One token per character, the vocabulary
-also covering the English letters the translation task will need. About half a minute on two CPU cores.
+also covering the English letters the translation task will need. About half a minute on two CPU cores. The
+training saves a checkpoint every 100 steps: stopped part way (the kernel interrupted or restarted), the cell run
+again continues from the last one, to the same model as a run never stopped. Everything this notebook writes goes
+into `runs/` beside it (a folder git ignores).
 """),
     code("""
-chinese = Path("chinese.txt")
+RUNS = Path("runs")   # everything this notebook writes
+RUNS.mkdir(exist_ok=True)
+chinese = RUNS / "chinese.txt"
 chinese.write_text("\\n".join(demo_corpus()["train"][0]) + "\\n", encoding="utf-8")
-task_text = Path("task.txt")   # the characters the fine-tuning task will use (the vocabulary covers them)
+task_text = RUNS / "task.txt"   # the characters the fine-tuning task will use (the vocabulary covers them)
 task_text.write_text("".join(p.prompt + p.response + "\\n" for split in ("train", "valid", "test")
                              for p in load_pairs(f"demo:{split}")), encoding="utf-8")
 
-BASE = Path("runs/gpt-base")
-if not Run(BASE).exists:
+BASE = RUNS / "gpt-base"
+if not Run(BASE).exists:   # not trained, or stopped part way: on from its last checkpoint, or from the start
     recipe = recipes.load("lm", "baby", [
         f"data.path={chinese}", f"data.vocab_extra=['{task_text}']", "model.d_model=128", "model.n_layers=2",
         "model.n_heads=4", "model.d_ff=512", "model.max_len=128", "train.context=128", "train.steps=600",
-        "train.decay_steps=600", "train.warmup=20", "train.batch_size=16", "train.eval_every=600", "train.threads=2"])
-    train_lm(recipe, BASE, quiet=True, plot=False)
+        "train.decay_steps=600", "train.warmup=20", "train.batch_size=16", "train.eval_every=600",
+        "train.checkpoint_every=100", "train.threads=2"])
+    resume = Run(BASE).has_checkpoint
+    train_lm(recipe, BASE, resume=resume, overwrite=not resume, quiet=True, plot=False)
 model, tok = load_model(BASE, device="cpu")
 print(sum(p.numel() for p in model.parameters()), "parameters,", tok.vocab_size, "characters")
 """),
@@ -471,11 +488,12 @@ settings = dict(steps=1000, warmup=50, batch_size=16, pretrain_batch_size=8, lr=
                 eval_every=1000, eval_iters=5, eval_pairs=50, threads=2)
 cures = {"sft": {}, "mix": {"mix": 1.0}, "kl": {"kl": 1.0}}
 for name, cure in cures.items():
-    run = Path(f"runs/gpt-{name}")
-    if not Run(run).exists:
+    run = RUNS / f"gpt-{name}"
+    if not Run(run).exists:   # not trained, or stopped part way
         t0 = time.perf_counter()
         recipe = FinetuneRecipe(FinetuneData(str(BASE), "demo:train", "demo:valid"), FinetuneConfig(**settings, **cure))
-        finetune(recipe, run, quiet=True, plot=False)
+        resume = Run(run).has_checkpoint
+        finetune(recipe, run, resume=resume, overwrite=not resume, quiet=True, plot=False)
         print(f"{name}: {time.perf_counter() - t0:.0f} s")
 """),
     md("""
@@ -492,7 +510,7 @@ loss). Forgetting = the Chinese loss after fine-tuning − before.
 """),
     code("""
 base = score(BASE, BASE)
-results = {name: score(Path(f"runs/gpt-{name}"), BASE) for name in cures}
+results = {name: score(RUNS / f"gpt-{name}", BASE) for name in cures}
 print(f"{'':5} {'exact':>6} {'BLEU':>6} {'Chinese loss':>13} {'forgot':>7}")
 print(f"{'base':5} {base['exact_match']:6.1f} {base['bleu']:6.1f} {base['pretrain_loss']:13.3f} {0:7.3f}")
 forgot = {}
@@ -517,7 +535,7 @@ cure still do.
 """),
     code("""
 for name in ("base", *cures):
-    run = BASE if name == "base" else Path(f"runs/gpt-{name}")
+    run = BASE if name == "base" else RUNS / f"gpt-{name}"
     text = Completer.from_run(run, device="cpu").complete("小明今天", max_new_tokens=12, temperature=0, stop=["\\n"])
     print(f"{name:5} 小明今天{text}")
 """),

@@ -6,7 +6,9 @@ outright when the other core is busy), so one thread is 10-30x faster here and g
 
 import json
 import os
+import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,45 @@ def pytest_configure(config):
     # qkv generate compiles no step in the background (a process outliving its test): the tests that build
     # one turn it back on.
     os.environ[precompiled.BACKGROUND_ENV] = "0"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _untracked() -> set[str] | None:
+    """The files git sees in the work tree and does not track or ignore (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line[3:] for line in out.stdout.splitlines() if line.startswith("?? ")}
+
+
+def pytest_sessionstart(session):
+    session.config._qkv_untracked = _untracked()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The tests leave the work tree as they found it: a file they write outside a temporary folder and outside
+    what .gitignore names (a notebook's runs, a demo's) fails the session, named."""
+    before = getattr(session.config, "_qkv_untracked", None)
+    after = _untracked()
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    if new:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            "FAILED: the tests left files git does not ignore in the work tree: " + ", ".join(new[:10]), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def untracked_files():
+    """What git sees untracked in the work tree now (the check the session ends with)."""
+    return _untracked
 
 
 @pytest.fixture(autouse=True)

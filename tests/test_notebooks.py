@@ -7,6 +7,8 @@ import importlib.util
 import json
 import os
 import re
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,11 +51,78 @@ def test_the_two_languages_share_their_code():
         assert all(re.search("[\u4e00-\u9fff]{4}", t) for t in zh_text)  # the Chinese cells are in Chinese
 
 
+# What shows that a notebook's training cell is under way, far enough to be stopped there as a reader stops it:
+# the demo's first logged step (the demo then trains again from the start), the GPT's first checkpoint (it then
+# goes on from there).
+UNDER_WAY = {"01_who_is_he": "runs/demo/metrics.jsonl", "02_gpt_forgetting": "runs/gpt-base/last.pt"}
+
+
+def interrupted(path: Path, cwd: Path, sign: str) -> dict:
+    """Run the notebook at ``path`` in ``cwd`` until ``cwd/sign`` appears, then interrupt its kernel (SIGINT, what
+    Jupyter's stop button sends) and shut the kernel down: which cell stopped, with what, and the run then."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    from qkv.runs import Run
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=build.TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if (cwd / sign).exists():
+                os.kill(client.km.provisioner.pid, signal.SIGINT)
+                return
+
+    stopped = {"cell": None, "error": None}
+    with client.setup_kernel():
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            for index, cell in enumerate(nb.cells):
+                stopped["cell"] = cell.source
+                client.execute_cell(cell, index)
+            stopped["cell"] = None  # it ran to the end: the interrupt came too late
+        except CellExecutionError as e:
+            stopped["error"] = e.ename
+        finally:
+            done.set()
+            watcher.join()
+    run = Run(cwd / Path(sign).parent)
+    return {**stopped, "finished": run.exists, "checkpoint": run.has_checkpoint}
+
+
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    """Every notebook run top to bottom, in one folder (the first trains the demo, the others load it)."""
+def sittings(tmp_path_factory):
+    """Every notebook run top to bottom, in one folder (the first trains the demo, the others load it). Before
+    that, the first of each name is stopped in its training cell and its kernel shut down, as a reader does:
+    ``stopped`` says where; ``executed`` is the Run All that follows, each notebook's outputs."""
     cwd = tmp_path_factory.mktemp("notebooks")
-    return {path: build.execute(path, cwd) for path in build.written()}
+    stopped, executed = {}, {}
+    for path in build.written():
+        if path.stem not in stopped:
+            stopped[path.stem] = interrupted(path, cwd, UNDER_WAY[path.stem])
+        executed[path] = build.execute(path, cwd)
+    return {"stopped": stopped, "executed": executed}
+
+
+@pytest.fixture(scope="module")
+def executed(sittings):
+    return sittings["executed"]
+
+
+def test_a_notebook_stopped_in_its_training_runs_again_to_the_end(sittings):
+    """Stopped mid-training, a run is not finished (Run.exists is False) and the next Run All trains it (from its
+    checkpoint, or again) instead of skipping to cells that need it; the Run All's outputs are checked below."""
+    stopped = sittings["stopped"]
+    assert set(stopped) == set(UNDER_WAY)
+    for name, where in stopped.items():
+        assert where["error"] == "KeyboardInterrupt", (name, where)
+        assert "run_demo(" in where["cell"] or "train_lm(" in where["cell"], (name, where["cell"])  # a training cell
+        assert not where["finished"], name  # stopped part way: not a run yet
+    assert stopped["02_gpt_forgetting"]["checkpoint"]  # the GPT goes on from its checkpoint
 
 
 def test_every_notebook_runs_top_to_bottom_and_ends_with_its_view(executed):
@@ -109,6 +178,27 @@ def test_a_saved_rendering_draws_the_view_offline_with_its_own_chinese_font(exec
         finally:
             browser.close()
     assert [u for u in requests if not u.startswith(("file:", "data:", "about:"))] == []
+
+
+def test_a_stray_file_in_the_work_tree_is_seen_and_a_notebooks_runs_are_not(untracked_files):
+    """The check every test session ends with (tests/conftest.py): a file left in the work tree is named, while
+    what a notebook writes beside itself (runs/) is ignored by git, so a Run All leaves git status clean."""
+    if untracked_files() is None:
+        pytest.skip("not a git checkout")
+    stray, runs = ROOT / "left-by-a-test.txt", ROOT / "notebooks" / "en" / "runs"
+    made = not runs.exists()
+    try:
+        stray.write_text("x", encoding="utf-8")
+        runs.mkdir(exist_ok=True)
+        (runs / "left-by-a-test.json").write_text("{}", encoding="utf-8")
+        seen = untracked_files()
+    finally:
+        stray.unlink(missing_ok=True)
+        (runs / "left-by-a-test.json").unlink(missing_ok=True)
+        if made:
+            runs.rmdir()
+    assert "left-by-a-test.txt" in seen
+    assert not [p for p in seen if p.startswith("notebooks/")], seen
 
 
 def test_the_committed_renderings_are_of_the_committed_notebooks():

@@ -145,9 +145,10 @@ def test_finetune_learns_the_task_and_resumes_exactly(base_run, tmp_path):
     results = json.loads((tmp_path / "a" / "results.json").read_text())
     assert results == straight.summary and set(results["before"]) == set(results["after"]) == {"task_loss", "pretrain_loss"}
     first = finetune(recipe, tmp_path / "b", stop_at=3, quiet=True, plot=False)
+    assert Run(tmp_path / "a").exists and not Run(tmp_path / "b").exists  # stopped part way: not finished
     torch.manual_seed(777)
     rest = finetune(recipe, tmp_path / "b", resume=True, quiet=True, plot=False)
-    assert first.losses + rest.losses == straight.losses
+    assert first.losses + rest.losses == straight.losses and Run(tmp_path / "b").exists
     train = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in train if r["split"] == "train"][0]["pretrain_loss"] > 0  # the pretraining batches were used
     assert rest.final == straight.final

@@ -41,9 +41,10 @@ def test_resume_gives_the_losses_of_the_uninterrupted_run(tmp_path):
     straight = train_lm(recipe, tmp_path / "a", quiet=True, plot=False)
     first = train_lm(recipe, tmp_path / "b", stop_at=3, quiet=True, plot=False)
     assert first.step == 3
+    assert Run(tmp_path / "a").exists and not Run(tmp_path / "b").exists  # stopped part way: not finished
     torch.manual_seed(12345)  # a new process starts from other RNG states
     rest = train_lm(load_run_recipe(tmp_path / "b"), tmp_path / "b", resume=True, quiet=True, plot=False)
-    assert first.losses + rest.losses == straight.losses
+    assert first.losses + rest.losses == straight.losses and Run(tmp_path / "b").exists
     assert len(straight.losses) == 10
     a, b = load_model(tmp_path / "a")[0], load_model(tmp_path / "b")[0]
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):

@@ -16,6 +16,7 @@ from qkv.weights import load_weights
 from qkv.training.logging import read_metrics
 from qkv.training.schedules import noam_lr
 from qkv.training import recipes
+from qkv.runs import Run
 from qkv.recipes import MTRecipe, MTTrainConfig
 from qkv.training.train_mt import learning_rate, train, translate_and_score
 
@@ -81,6 +82,21 @@ def test_resume_gives_the_same_losses_and_weights(straight, tmp_path):
     b = Translator.from_run(cut, weights=cut / "last.safetensors")
     for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_a_run_is_finished_when_its_job_ends_and_not_while_a_resume_trains_it(tmp_path, monkeypatch, crash_at):
+    """Run.exists (what a notebook asks before it trains) is finished.json, written last: a finished run trained
+    further is not finished again until that job ends, however it stops on the way."""
+    run = tmp_path / "run"
+    train(tweak(TINY, steps=3), run, quiet=True)
+    assert Run(run).exists
+    crash_at(5)
+    with pytest.raises(KeyboardInterrupt):
+        train(recipes.load("mt", None, ["train.steps=6"], run, resume=True), run, resume=True, quiet=True)
+    monkeypatch.undo()
+    assert Run(run).started and Run(run).has_checkpoint and not Run(run).exists
+    train(recipes.load("mt", None, ["train.steps=6"], run, resume=True), run, resume=True, quiet=True)
+    assert Run(run).exists and json.loads((run / "finished.json").read_text())["step"] == 6
 
 
 def test_resume_refuses_a_new_model_or_data_and_leaves_the_run_resumable(tmp_path):
