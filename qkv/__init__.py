@@ -2,8 +2,9 @@
 
     from qkv import Transformer, GPT, ModelConfig
 
-The names below are imported on first use (PEP 562), so that commands which do not need torch
-(``qkv data list``) start instantly. Their reference, generated from these docstrings by pdoc, is
+The names below are imported on first use (PEP 562), so that ``import qkv`` itself imports no torch
+(a script that reads ``qkv.__version__`` or ``qkv.data``'s corpus registry starts at once; the ``qkv``
+command imports torch with its parser). Their reference, generated from these docstrings by pdoc, is
 docs/api/ (``make api``).
 
 - Models: ``Transformer`` (encoder-decoder), ``GPT`` (decoder-only), ``ModelConfig``, ``preset``,

@@ -2,7 +2,7 @@
 
 - Devices and precision: ``auto`` means CUDA when torch sees one, else the CPU; asking for a device
   that is absent is an error that says so (never a traceback from deep inside torch). bf16 autocast
-  on CUDA, fp32 on CPUs (most have no bf16 units: it runs 6-100x slower there).
+  on CUDA, fp32 on CPUs (most have no bf16 units: it runs many times slower there).
 - The machine: :func:`cpu_identity` names the CPU a measurement was made on (kernel choices, results);
   :func:`keep_freed_memory` has the C allocator reuse a training step's large tensors.
 - :func:`evaluating`: eval mode and no gradients for a block, the model's mode put back after.
@@ -129,7 +129,7 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of ``dtype`` on ``device`` (None: fp32).
 
     ``auto``: bf16 on a GPU that has it, fp16 (with a gradient scaler in training) on one that does
-    not, fp32 on CPUs, where half precision is 6-100x slower.
+    not, fp32 on CPUs, where half precision runs many times slower.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}{did_you_mean(dtype, DTYPES)}")

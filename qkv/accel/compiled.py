@@ -8,8 +8,8 @@ near memory speed (``qkv.accel.kernels.compiled_linear``), and the step is one c
 
 The model is transformed from outside for the time of the generation: every linear map of a step
 computes :func:`~qkv.accel.kernels.compiled_linear`, every self-attention the explicit
-formula (inductor fuses it into the layer's loops, where SDPA's CPU kernel is a call of its own,
-~0.2 ms of a 2 ms GPT step) and observes nothing (a compiled graph cannot read the ContextVar that
+formula (inductor fuses it into the layer's loops, where SDPA's CPU kernel is a call of its own, a
+tenth of a compiled GPT step) and observes nothing (a compiled graph cannot read the ContextVar that
 ``capture_attention`` sets). :meth:`CompiledStep.close` puts the model back.
 
 One graph must serve every step, so a step has fixed shapes: each KV cache writes the new position
@@ -17,8 +17,8 @@ at the slot a (1,) tensor names (a :class:`SlotCache` in each cache's place) and
 through a key mask that hides the ones not yet written. Positions come as a tensor too. The prompt
 is still prefilled by the eager model, whose cache path writes slots 0 .. T-1.
 
-The first call compiles: ~17 s at the nanoGPT config, ~5 s once inductor's disk cache holds the
-kernels (docs/BENCHMARKS.md). Logits equal the eager model's up to fp32 rounding: the products sum
+The first call compiles, for seconds, fewer once inductor's disk cache holds the kernels
+(docs/BENCHMARKS.md, "Compiled in the process"). Logits equal the eager model's up to fp32 rounding: the products sum
 in another order.
 """
 
@@ -34,8 +34,8 @@ from qkv.accel.kernels import compiled_linear, step_linears
 from qkv.modules.attention import KVCache, SelfAttention, scaled_dot_product_attention
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
-# consumes it (the erf of GELU 384 times over). Storing such results once made a step 2.7 ms instead
-# of 3.5 at the nanoGPT config.
+# consumes it (the erf of GELU 384 times over). Storing such results once made a step a fifth faster at
+# the nanoGPT config (docs/BENCHMARKS.md, "The figures behind the decoding rules").
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 0, "realize_cpu_opcount_threshold": 0, "realize_reads_threshold": 1}
 
 

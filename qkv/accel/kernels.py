@@ -8,13 +8,12 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
 - :func:`decoding`: the caches, and the weights of the products every step runs laid out for the
   kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS)
   with the weight as ``nn.Linear`` keeps it, (out, in). Three other layouts can beat it: the weight's
-  memory laid out (in, out) (:func:`transpose_weight`, "transposed": 1.65x faster than the default
-  for one-row products of 384 inputs to 1,536 outputs on an AMD EPYC, 0.6x for 1,536 to 384); oneDNN's
-  packed weights (:class:`PackedLinear`), which ran batch-1 products at twice MKL's speed on one AMD
-  EPYC and at half of it on an Intel Xeon (docs/BENCHMARKS.md); and MKL's own packed weights
-  (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on Intel CPUs, which PyTorch reaches as
-  ``torch.ops.mkl._mkl_linear``): 1.3x the default for the 8-row products of a GPT step on an Intel
-  Xeon. So no kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the
+  memory laid out (in, out) (:func:`transpose_weight`, "transposed": faster than the default for
+  some shapes of one-row products on an AMD EPYC, slower for others); oneDNN's packed weights
+  (:class:`PackedLinear`), which ran batch-1 products faster than MKL on one AMD EPYC and slower on an
+  Intel Xeon; and MKL's own packed weights (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on Intel
+  CPUs, which PyTorch reaches as ``torch.ops.mkl._mkl_linear``), which won the 8-row products of a GPT
+  step on that Xeon (the figures: docs/BENCHMARKS.md, "The figures behind the decoding rules"). So no kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the
   first time a shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
   cache (``kernels.json``, keyed by the CPU, torch version and thread count). ``pack_weights`` then
   lays out each linear map a step runs (:func:`step_linears`) where another kernel than the default
@@ -26,8 +25,8 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
   (qkv.accel.compiled).
 
 Where no weight is laid out anew: training (oneDNN builds a kernel for every new row count, and
-batches of real tokens change it at every step: translation training got slower and 40% larger in
-memory, docs/BENCHMARKS.md; and a copy of a weight is stale after every optimizer step), anything that
+batches of real tokens change it at every step: translation training got slower and larger in
+memory; and a copy of a weight is stale after every optimizer step), anything that
 is not fp32 on a CPU (GPUs, bf16, autocast), and ``QKV_LINEAR=aten`` in the environment.
 ``QKV_LINEAR=transposed``, ``mkl`` or ``onednn`` lays every step's weights out for that kernel without
 measuring (a packed kernel only where this PyTorch has it); the default, ``auto``, measures.
@@ -137,8 +136,9 @@ ROUND_SECONDS = 25e-3  # each timing repeats the step's products for about this 
 # to the next: a kernel within 10% of F.linear is not worth its copy.
 MARGIN = 0.9
 # Of kernels timed within this fraction of the fastest, the first in KERNELS' order is chosen. Timings
-# of a step's products alone flatter oneDNN: on an Intel Xeon it timed 2-5% behind MKL's packed GEMM on
-# three of the four 8-row shapes of a GPT step, and ran the step 22% slower than it (5.63 against 4.63 ms).
+# of a step's products alone flatter oneDNN: on an Intel Xeon it timed a few percent behind MKL's packed
+# GEMM on three of the four 8-row shapes of a GPT step, and ran the whole step slower than it
+# (docs/BENCHMARKS.md, "The figures behind the decoding rules").
 CLOSE = 0.05
 
 _choices: dict[str, dict[str, str]] = {}  # machine() -> "rows,in,out" -> one of KERNELS, read or measured
@@ -181,12 +181,12 @@ def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, floa
     timed; a shape's time is the sum over its maps, so a step's share of each is what decides. The
     step's own weights, in the step's order, are what a step streams through the caches: timings of
     one shape alone, on copies of random weights, chose kernels that made the steps of an Intel Xeon
-    slower (the batch-1 GPT step by 9%, beam search at the base size by 12%; docs/BENCHMARKS.md). The kernels
+    slower (docs/BENCHMARKS.md, "GPT generation"). The kernels
     alternate for :data:`ROUNDS` rounds, each of about :data:`ROUND_SECONDS` after an untimed pass
     (the step finds its weights where the last one left them); medians. The rounds are long because
     short ones mislead: the transposed and packed kernels reach their speed only after milliseconds
-    of running (timed for 2 ms, that Xeon's 8-row products chose ``F.linear``, which those beat by
-    1.4-1.9x). The maps are left as they were.
+    of running (timed for a couple of milliseconds, that Xeon's 8-row products chose ``F.linear``, which
+    those beat by far). The maps are left as they were.
     """
     g = torch.Generator().manual_seed(0)
     xs = {n: torch.empty(rows, 1, n).uniform_(-1, 1, generator=g) for n in {m.in_features for m in linears}}
@@ -224,8 +224,8 @@ def choose(linears: Sequence[nn.Linear], rows: int) -> list[str]:
     """The kernel of each of ``linears``' fp32 ``rows``-row products on this machine, each one of :data:`KERNELS`.
 
     ``QKV_LINEAR`` (:func:`set_backend`) can force one; by default the first time a shape is needed
-    they are measured (:func:`measure`, all of ``linears`` together: 0.7 s for a GPT step of the nanoGPT
-    config, 2.4 s at the paper's base size; the row count rounded up to a power of two, so that a test
+    they are measured (:func:`measure`, all of ``linears`` together, about a second once per machine; the
+    row count rounded up to a power of two, so that a test
     set's batches of every size need a few measurements) and the choice is kept for each shape, in memory and in
     :func:`cache_path`, for every later process on the same CPU (:func:`cpu_identity`), torch and
     thread count. Another kernel than ``F.linear`` is chosen only where it takes at most
@@ -264,7 +264,7 @@ class PackedLinear:
 
     oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch shrinks
     as sentences finish, every new count cost time and memory: translating a test set grew the process
-    by 300 MB. One row count per generation keeps that to one kernel per weight; other counts take
+    by hundreds of MB. One row count per generation keeps that to one kernel per weight; other counts take
     ``F.linear`` (MKL's packing holds for its row count only). The packed weight is a second copy, used
     only while the weight is unchanged (its version counter is checked on every call; an inference
     tensor, made under ``torch.inference_mode``, keeps none).
@@ -294,7 +294,7 @@ def transpose_weight(module: nn.Linear) -> None:
 
     ``F.linear`` multiplies by the weight's transpose, which is then a contiguous (in, out) matrix, the
     layout MKL streams faster for some shapes (:func:`measure`). Nothing wraps the module (a wrapper's
-    Python, ~10 us a call, cost a GPT step as much as the layout saved): its own ``forward`` runs, for
+    Python cost a GPT step as much as the layout saved): its own ``forward`` runs, for
     every row count, with autograd as ever. :func:`restore_weight` puts the memory back.
     """
     w = module.weight
@@ -381,8 +381,8 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
     """What a linear map becomes inside ``torch.compile`` (a compiled decoding step).
 
     A single row is written as multiply-and-sum, which inductor turns into a vectorized loop over the
-    rows of W: 1.3 ms for a GPT step's 24 products at the nanoGPT config, where ``F.linear`` lowers
-    to MKL's matrix-vector product (4.2 ms) and oneDNN's packed weights take 2.7 ms (bench/probes/gemv.py).
+    rows of W: faster than MKL's matrix-vector product, which ``F.linear`` lowers to, and than oneDNN's
+    packed weights (bench/probes/gemv.py; docs/BENCHMARKS.md, "GPT generation").
     """
     if x.numel() != x.shape[-1]:
         return F.linear(x, weight, bias)

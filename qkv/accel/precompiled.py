@@ -1,27 +1,25 @@
-"""A GPT's decoding step compiled ahead of time (AOTInductor), kept on disk, loaded in a tenth of a second.
+"""A GPT's decoding step compiled ahead of time (AOTInductor), kept on disk, loaded in a fraction of a second.
 
-The compiled step of :mod:`qkv.accel.compiled` runs a batch-1 token about 1.5x faster than the
-eager step on a CPU, but a new process pays ~8 s before its first compiled token (importing dynamo
-and inductor, tracing the model, loading the kernels from inductor's disk cache), which only long
-generations repay. Here the same step, transformed the same way, is exported once
-(``torch.export``, with the KV cache's tensors and the slot as inputs that the step writes in place)
-and compiled by AOTInductor into a package in the user cache. A later process loads it with
-PyTorch's C++ loader in ~0.1 s, without importing inductor, so every generation of a few dozen tokens
-gains: on a 2-core AMD EPYC at the nanoGPT config, 2.8 ms a token against 4.9 eager and CTranslate2's
-3.0, and `qkv generate` as a whole at 1.07x CTranslate2 (bench/aot_step.py, docs/BENCHMARKS.md).
+The compiled step of :mod:`qkv.accel.compiled` runs a batch-1 token faster than the eager step on a
+CPU, but a new process pays seconds before its first compiled token (importing dynamo and inductor,
+tracing the model, loading the kernels from inductor's disk cache), which only long generations
+repay. Here the same step, transformed the same way, is exported once (``torch.export``, with the KV
+cache's tensors and the slot as inputs that the step writes in place) and compiled by AOTInductor
+into a package in the user cache. A later process loads it with PyTorch's C++ loader, without
+importing inductor, so every generation of a few dozen tokens gains (the figures, against eager and
+CTranslate2: docs/BENCHMARKS.md, "Compiled ahead of time and loaded"; bench/aot_step.py).
 
 A package is built for one batch size, and serves it over the model's whole context: its shapes are
 fixed but for the length of the key mask, the slots written so far (``span``), so that attention reads
 no more of the cache than it holds. With every step reading all of the context's slots, as the
 in-process step does, the batch-8 step of the nanoGPT config read as many bytes of cache as of
-weights and gained nothing on eager (10.2 ms against 10.3); reading the span, 8.3 ms; with the weights
-frozen into the package too (:data:`PACKAGE_OPTIONS`), 7.0-7.6.
+weights and gained nothing on eager; reading the span, and with the weights frozen into the package
+too (:data:`PACKAGE_OPTIONS`), it did (docs/BENCHMARKS.md).
 
 A package holds the model's weights and the kernels built for this CPU and torch: its name is a digest
 of the model (class, configuration, every weight), the torch version and the CPU
 (:func:`~qkv.devices.cpu_identity`), and the batch size, so a changed weight or another machine never loads
-a stale one. Building one takes 15-40 s at the nanoGPT config (``qkv generate --precompile``, or
-:func:`precompile`). ``qkv generate`` builds it by itself, in the background, after an eager generation
+a stale one. Building one takes tens of seconds (``qkv generate --precompile``, or :func:`precompile`). ``qkv generate`` builds it by itself, in the background, after an eager generation
 that a package would have run (as ``git gc --auto`` packs a repository after a command):
 :func:`build_in_background` starts the build as a detached process at low priority, and beside the
 package it writes a marker with the builder's pid and the builder's log, which the package's arrival
@@ -56,17 +54,17 @@ from qkv.models import GPT
 # Part of every package's name: raise it when the step's inputs or its transformation change.
 FORMAT = 2
 # The compiled step's options, and freezing: the weights are the package's constants, so inductor packs
-# them for oneDNN ahead of time and fuses the bias, GELU and residual add into each product. At batch 8
-# (nanoGPT config) a step took 7.0 ms with it and 8.3 without; at batch 1, where the products stay the
-# multiply-and-sum loops of compiled_linear, it changed nothing measurable.
+# them for oneDNN ahead of time and fuses the bias, GELU and residual add into each product: faster steps at
+# batch 8, nothing measurable at batch 1, where the products stay the multiply-and-sum loops of
+# compiled_linear (docs/BENCHMARKS.md, "Compiled ahead of time and loaded").
 PACKAGE_OPTIONS = {**INDUCTOR_OPTIONS, "freezing": True}
-# How many packages the user cache keeps (one per model, batch size and machine; 45 MB each at the nanoGPT
-# config, the weights included): building another deletes the oldest.
+# How many packages the user cache keeps (one per model, batch size and machine, each holding the model's
+# weights): building another deletes the oldest.
 PACKAGES_KEPT = 16
 # "0" in the environment: qkv generate never builds a package in the background (the test suite sets it).
 BACKGROUND_ENV = "QKV_BACKGROUND_PRECOMPILE"
-# A background build still marked as running after this long was stopped without a trace (a package takes
-# 15-40 s at the nanoGPT config; the marker's pid may belong to another process by then).
+# A background build still marked as running after this long was stopped without a trace (a package takes tens
+# of seconds; the marker's pid may belong to another process by then).
 BACKGROUND_TIMEOUT = 30 * 60
 
 
@@ -149,8 +147,8 @@ class _Step(nn.Module):
 
 @torch.no_grad()
 def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
-    """Build the package of ``model``'s step for ``batch`` rows (20-40 s at the nanoGPT config) unless it
-    exists; return its path and the seconds spent (0 if it was there)."""
+    """Build the package of ``model``'s step for ``batch`` rows (tens of seconds) unless it exists; return its
+    path and the seconds spent (0 if it was there)."""
     if not can_precompile(model):
         raise ConfigError("only an fp32 GPT on a CPU, in eval mode, has a decoding step that can be compiled "
                           "ahead of time (not an int8 one: drop --quantize)")
@@ -161,7 +159,7 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
         _clear_background_build(path)
         return path, 0.0
     check_can_compile(torch.device("cpu"))
-    from torch._inductor import aoti_compile_and_package  # here only: 2.7 s to import, which loading never pays
+    from torch._inductor import aoti_compile_and_package  # here only: seconds to import, which loading never pays
     t0 = time.perf_counter()
     max_len = model.cfg.max_len
     start_decoding(model, batch, cache_slots(model), packed=False)
@@ -271,17 +269,17 @@ def build_later(model: nn.Module, rows: int, argv: list[str]) -> str:
     started before, the environment turns it off, an earlier build failed)."""
     path = package_path(model, rows)
     build = background_build(path)
-    speedup = "later generations run it, 1.4-1.6x faster"
+    speedup = "later generations run it, faster"
     if build is None and os.environ.get(BACKGROUND_ENV) != "0":
         pid = build_in_background(path, argv)
         if pid is not None:
             return (f"decoded eagerly; compiling this model's step for this machine and batch size in the background, "
-                    f"at low priority (pid {pid}; 20-40 s at the nanoGPT config): {speedup}. {BACKGROUND_ENV}=0 or "
+                    f"at low priority (pid {pid}; tens of seconds): {speedup}. {BACKGROUND_ENV}=0 or "
                     "--no-compile: not in the background")
         build = background_build(path)  # another generation started one meanwhile
     if build is None:
         return (f"decoded eagerly; --precompile once compiles this model's step for this machine and batch size "
-                f"(20-40 s at the nanoGPT config), and {speedup}")
+                f"(tens of seconds), and {speedup}")
     if build.running:
         return (f"decoded eagerly; this model's step is being compiled in the background"
                 f"{f' (pid {build.pid})' if build.pid else ''}: {speedup}")
@@ -305,8 +303,7 @@ def prune(folder: Path, keep: int) -> None:
 @functools.lru_cache(maxsize=2)
 def _loader(package: str, mtime_ns: int, size: int) -> Any:
     """The package's loaded step, kept for the process while the file is unchanged (``mtime_ns``, ``size``):
-    loading reads the package (its weights and kernels), 55 ms at the nanoGPT config, which every
-    generation of a Completer paid again (0.3 ms a token at 200)."""
+    loading reads the package (its weights and kernels), which every generation of a Completer paid again."""
     try:
         return torch._C._aoti.AOTIModelPackageLoader(package, "model", False, 1, -1)
     except RuntimeError as e:  # a damaged package: built whole (atomically), but a disk can fail

@@ -10,19 +10,18 @@ model is transformed from outside, like every speed-up of decoding; the paper's 
 
 The cost in quality is measured, not assumed: BLEU of Multi30K test2016 in fp32 and int8
 (bench/int8_quality.py, docs/BENCHMARKS.md). PyTorch has marked ``torch.ao.quantization``
-deprecated in favour of torchao, whose CPU int8 linear runs slower than fp32 in eager mode on the
-pinned torch (measured: 2.6 ms against 0.34 for a 384x1536 pair of products at one row), so qkv keeps
-the kernels that are fast today and silences the notice.
+deprecated in favour of torchao, whose CPU int8 linear ran slower than fp32 in eager mode on the
+pinned torch (docs/BENCHMARKS.md, "int8"), so qkv keeps the kernels that are fast today and silences
+the notice.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import warnings
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from qkv.errors import ConfigError
 from qkv.devices import model_device
@@ -55,25 +54,38 @@ def quantized(model: nn.Module, kind: str = "int8") -> nn.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|torch\.quantize_per).*deprecated")
         quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8)
-    for m in quantized.modules():
-        if isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
-            _call_the_kernel(m)
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if Int8Linear.calls_the_kernel_of(child):
+                setattr(parent, name, Int8Linear(child))  # a module swap, as LoRA's: the copy is decoding's own
     return quantized
 
 
-def _call_the_kernel(linear: nn.Module) -> None:
-    """Make a quantized linear map's ``forward`` the int8 kernel itself, with its packed weight bound.
+class Int8Linear(nn.Module):
+    """A quantized linear map (``quantized``, PyTorch's dynamic one) that calls the int8 kernel itself, its packed
+    weight bound.
 
-    The module's own forward reads its packed weight's dtype and its version through two attribute
-    lookups and converts the fp32 result to fp32, ~18 us a call: 25 calls a GPT step at batch 1, 8%
-    of an int8 step (6.16 ms against 5.71 at the nanoGPT config, one thread). The kernel and its
-    arguments are the ones that forward passes for an int8 weight of a current module (version 4:
-    ``reduce_range``); any other keeps its forward. The copy is made for decoding and never loads
-    other weights, so the bound weight cannot go stale.
+    The quantized module's own forward reads its packed weight's dtype and its version through two attribute
+    lookups and converts the fp32 result to fp32 on every call, which a GPT step at batch 1 pays 25 times: the
+    cost is measured in docs/BENCHMARKS.md ("int8 decoding"). The kernel and its arguments are the ones that
+    forward passes for an int8 weight of a current module (version 4: ``reduce_range``). The copy is made for
+    decoding and never loads other weights, so the bound weight cannot go stale.
     """
-    if linear._packed_params.dtype == torch.qint8 and linear.version is not None and linear.version >= 4:
-        linear.forward = functools.partial(torch.ops.quantized.linear_dynamic,
-                                           W_prepack=linear._packed_params._packed_params, reduce_range=True)
+
+    def __init__(self, quantized: nn.Module) -> None:
+        super().__init__()
+        self.quantized = quantized  # kept for what it holds (its weight, scales, repr); never called
+        self.in_features, self.out_features = quantized.in_features, quantized.out_features
+        self.packed = quantized._packed_params._packed_params
+
+    @staticmethod
+    def calls_the_kernel_of(module: nn.Module) -> bool:
+        """Whether ``module`` is a dynamic int8 linear map whose forward :class:`Int8Linear` can call directly."""
+        return (isinstance(module, torch.ao.nn.quantized.dynamic.Linear) and module._packed_params.dtype == torch.qint8
+                and module.version is not None and module.version >= 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=True)
 
 
-__all__ = ["KINDS", "check_quantize", "quantized"]
+__all__ = ["KINDS", "check_quantize", "quantized", "Int8Linear"]

@@ -73,14 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_weights(p)
     add_device(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"compile the one-prompt decoding step with torch.compile: 2-3x faster steps on a CPU, after "
+                   help=f"compile the one-prompt decoding step with torch.compile: faster steps on a CPU, after "
                         f"seconds of compiling (needs a C++ compiler); by default from {COMPILE_AFTER} new tokens on, "
                         "where that repays it; --no-compile: never")
     p.add_argument("--precompile", action="store_true",
                    help="compile the decoding step ahead of time for this model, machine and batch size (one "
-                        "prompt, or --batch-size lines of stdin; 20-40 s at the nanoGPT config, once; needs a C++ "
+                        "prompt, or --batch-size lines of stdin; tens of seconds, once; needs a C++ "
                         "compiler) and keep it in the user cache: from then on every generation of "
-                        f"{PRECOMPILED_AFTER} or more tokens with as many prompts loads it in ~0.1 s. Without it, the "
+                        f"{PRECOMPILED_AFTER} or more tokens with as many prompts loads it at once. Without it, the "
                         "first such generation starts this build in the background, at low priority "
                         "(QKV_BACKGROUND_PRECOMPILE=0: it does not)")
     add_quantize(p)

@@ -1,7 +1,9 @@
-"""Data: the registry of real corpora (``corpora``), the embedded demo corpus (``synthetic``), and the
-``qkv data`` command (``commands``).
+"""Data: the registry of real corpora (``corpora``), the embedded demo corpus (``synthetic``), translation
+pairs (``translation``), token files of a language model (``lm``) and fine-tuning pairs (``sft``); the ``qkv
+data`` command that lists, fetches and checks the corpora is ``qkv.cli.data``.
 
-Everything here imports only the standard library, so ``import qkv.data`` is cheap.
+This file imports ``corpora`` and ``synthetic``, which need only the standard library, so ``import qkv.data``
+is cheap; ``lm``, ``translation`` and ``sft`` (numpy, torch) are imported by name where they are used.
 """
 
 from qkv.data.corpora import (

@@ -75,8 +75,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     The gradient of the smoothed loss with respect to the scores is ``p - q`` (the softmax minus the
     smoothed target), so the forward pass keeps ``p`` and the backward pass is a subtraction. Autograd
     through ``log_softmax`` exponentiates the whole (N, V) score matrix a second time instead, which
-    made the loss of a Multi30K batch 1.6 times as slow (207 ms against 126, one thread;
-    docs/BENCHMARKS.md, "The loss's gradient").
+    made the loss of a Multi30K batch much slower (docs/BENCHMARKS.md, "The loss's gradient").
     """
 
     @staticmethod

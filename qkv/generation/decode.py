@@ -70,7 +70,7 @@ def generate(
         compile: how the steps after the prompt run (:class:`StepPolicy`, below). None, the default
             of every caller: a step compiled ahead of time where one was built for this model and batch size,
             torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
-            prompt's steps compiled (2-3x faster on a CPU, after seconds of compiling); False: eager.
+            prompt's steps compiled (faster steps on a CPU, after seconds of compiling); False: eager.
         sliding_window: one prompt, which with its continuation may exceed the context: the model sees the
             last ``max_len`` tokens, and once the window is full each step recomputes it (nanoGPT's crop;
             learned positions cannot be shifted inside a cache).
@@ -167,9 +167,10 @@ def generate(
 
 # Which step a generation runs after its prompt: eager, compiled by torch.compile, or compiled ahead of time
 # and loaded from the user cache (qkv.accel offers the three; this rule picks, for qkv.generate, the
-# Completer and qkv generate alike). A compiled step runs a batch-1 token 2-3x faster than the eager one on a
-# CPU, but compiling costs seconds in every new process; a step compiled ahead of time loads in ~0.1 s, but
-# only where one was built for exactly these weights, this batch size and this machine. So, by default:
+# Completer and qkv generate alike). A compiled step runs a batch-1 token faster than the eager one on a CPU,
+# but compiling costs seconds in every new process; a step compiled ahead of time loads in a fraction of a
+# second, but only where one was built for exactly these weights, this batch size and this machine (the
+# figures: docs/BENCHMARKS.md, "GPT generation"). So, by default:
 #
 # - a package built for the model and the batch size runs from PRECOMPILED_AFTER new tokens on;
 # - otherwise one prompt's steps are compiled from COMPILE_AFTER new tokens on, on a CPU with a C++
@@ -179,13 +180,12 @@ def generate(
 # compile=True asks for torch.compile's step (one prompt), compile=False for eager steps only.
 
 # From how many new tokens of one prompt a generation compiles its decoding step by default (on a CPU with a
-# C++ compiler). Compiling costs ~12 s in a new process even with inductor's disk cache warm (33 s cold) and
-# saves ~5 ms a token at the nanoGPT config on a 2-core EPYC (docs/BENCHMARKS.md): it repays itself after
-# ~2,000 tokens.
+# C++ compiler): where the milliseconds it saves a token repay the seconds of compiling in a new process, warm
+# inductor cache or not (docs/BENCHMARKS.md, "Compiled in the process").
 COMPILE_AFTER = 2048
 # From how many new tokens a generation runs the step compiled ahead of time, where one was built for the
-# model, the batch size and this machine: loading it takes ~0.1 s once a process, which the 2-3 ms it saves a
-# token at the nanoGPT config (docs/BENCHMARKS.md) repay after a few dozen tokens.
+# model, the batch size and this machine: loading it costs once a process what the milliseconds it saves a
+# token repay after a few dozen tokens (docs/BENCHMARKS.md, "Compiled ahead of time and loaded").
 PRECOMPILED_AFTER = 32
 
 Step = Literal["eager", "compiled", "loaded"]

@@ -38,8 +38,8 @@ def _fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def _impl_kwargs(params: list[torch.Tensor], fused: bool | None) -> dict[str, Any]:
-    # The fused kernel updates all parameters in one pass: on this CPU ~9x faster than foreach
-    # (measured: 4 ms vs 34 ms per step for 9M parameters), and the fastest choice on CUDA too.
+    # The fused kernel updates all parameters in one pass: far faster than foreach on a CPU
+    # (docs/BENCHMARKS.md, "The figures behind the decoding rules", beside decoding), and the fastest on CUDA too.
     if fused is None:
         fused = _fused_supported(params)
     return {"fused": True} if fused else {"foreach": None}
