@@ -15,7 +15,7 @@ given the same threads as torch. fp32 unless named, eval mode, torch.inference_m
 ``qkv generate`` does once ``--precompile`` built it): the packages are built first, in a user cache of
 the run's own, their build times recorded.
 ``qkv-default`` is ``qkv.generate`` called without ``compile=`` and ``qkv-completer`` the Completer
-(``qkv generate``'s loop, text in and streamed text out): both on the one default policy (qkv.generation.decode.StepPolicy),
+(``qkv generate``'s loop, text in and streamed text out): both on the one default policy (qkv.generation.policy.StepPolicy),
 which loads the package where it was built (with ``qkv-aot`` in the run) and decodes eagerly otherwise.
 ``floor`` is the time of the layers' weight products alone, one product per weight and step on the
 kernels qkv chooses: what qkv's eager step costs before attention, norms, activations and Python.

@@ -8,6 +8,6 @@ imports this package (tests/test_architecture.py holds the rule).
 - ``precompiled``: the same step compiled ahead of time (AOTInductor), kept in the user cache.
 - ``quantize``: a copy of a model with int8 linear maps.
 
-Which of them a GPT's generation runs is decided in one place, beside the one decoding loop that runs it:
-``qkv.generation.decode.StepPolicy``.
+Which of them a GPT's generation runs is decided in one place, once a generation, beside the one decoding loop
+that runs it: ``qkv.generation.policy.StepPolicy``.
 """

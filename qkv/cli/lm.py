@@ -28,7 +28,7 @@ from qkv.settings import recipe_names
 from qkv.data.lm import load_splits
 from qkv.evaluation.validation import evaluate_tokens
 from qkv.generation.completer import Completer
-from qkv.generation.decode import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.generation.policy import COMPILE_AFTER, PRECOMPILED_AFTER, Step
 from qkv.devices import keep_freed_memory
 from qkv.files import read_text_file
 from qkv.runs import Run, load_model, require_arch
@@ -176,37 +176,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("--stop '' would end every completion before it starts: give the text to stop at")
     completer = Completer.from_run(args.run, device=args.device, weights=args.weights, compile=args.compile,
                                    quantize=args.quantize)
-    policy = completer.policy
     rows = 1 if args.prompt is not None or args.sliding_window else args.batch_size  # a full batch of stdin lines
     if args.precompile:
-        path, seconds = policy.precompile(rows)
+        path, seconds = completer.policy.precompile(rows)
         print(f"qkv generate: the decoding step compiled ahead of time in {seconds:.0f} s, kept in {path}"
               if seconds else f"qkv generate: the decoding step was compiled ahead of time before ({path})",
               file=sys.stderr)
-    if args.compile is None and args.prompt is not None and policy.compiles(args.max_new_tokens):
-        print(f"qkv generate: compiling the decoding step, which {args.max_new_tokens} new tokens repay "
-              "(--no-compile decodes eagerly)", file=sys.stderr)
-    if policy.loads(args.max_new_tokens, rows):
-        print(f"qkv generate: running the decoding step compiled ahead of time ({policy.package(rows)}; "
-              "--no-compile decodes eagerly)", file=sys.stderr)
-    # The batch size decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
-    decoded, code = _complete_all(completer, args)
-    if decoded and not policy.compiles(args.max_new_tokens, decoded) and policy.would_load(args.max_new_tokens, decoded):
-        _precompile_later(completer, args, decoded)  # once the text is out (and only if it could be written)
+    steps = _Steps(completer, args)
+    _announce(steps.of(rows), args)
+    # The step of the first batch decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
+    first, code = _complete_all(completer, args, steps)
+    if first is not None and first.build:  # eager, where a package would have run: build one for next time
+        _precompile_later(completer, args, first.rows)  # once the text is out (and only if it could be written)
     return code
 
 
-def _complete_all(completer: Completer, args: argparse.Namespace) -> tuple[int, int]:
+class _Steps:
+    """The decoding step of the command's generations for each batch size, chosen once (StepPolicy.choose)."""
+
+    def __init__(self, completer: Completer, args: argparse.Namespace) -> None:
+        self.policy, self.max_new_tokens, self.chosen = completer.policy, args.max_new_tokens, {}
+
+    def of(self, rows: int) -> Step:
+        if rows not in self.chosen:
+            self.chosen[rows] = self.policy.choose(self.max_new_tokens, rows)
+        return self.chosen[rows]
+
+
+def _announce(step: Step, args: argparse.Namespace) -> None:
+    """Say on stderr which step runs where it is not the eager one, and how to decode eagerly instead."""
+    if step.how == "compiled" and args.compile is None:
+        print(f"qkv generate: compiling the decoding step, which {args.max_new_tokens} new tokens repay "
+              "(--no-compile decodes eagerly)", file=sys.stderr)
+    elif step.how == "loaded":
+        print(f"qkv generate: running the decoding step compiled ahead of time ({step.package}; "
+              "--no-compile decodes eagerly)", file=sys.stderr)
+
+
+def _complete_all(completer: Completer, args: argparse.Namespace, steps: _Steps) -> tuple[Step | None, int]:
     """The prompt's completion streamed to stdout, or one line for each line of stdin (qkv.cli.pipe); returns
-    the batch size decoded (of the first batch of stdin lines; 0 if there were none) and the exit code."""
+    the step of the first batch decoded (None if stdin had no line) and the exit code."""
     read = _unescape if args.escape else str
     kw: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed, stop=[read(text) for text in args.stop])
     if args.prompt is not None:
-        completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True, **kw)
+        completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True,
+                           step=steps.of(1), **kw)
         sys.stdout.write("\n")
         sys.stdout.flush()
-        return 1, 0
+        return steps.of(1), 0
     if sys.stdin.isatty():
         raise ValueError("give a prompt, or pipe prompts on stdin (one per line)")
     lines = [read(line.rstrip("\n")) for line in sys.stdin]
@@ -214,12 +232,12 @@ def _complete_all(completer: Completer, args: argparse.Namespace) -> tuple[int, 
 
     def answer(group: list[str]) -> list[str]:
         if args.sliding_window:
-            return [_escape(completer.complete(line, sliding_window=True, **kw)) for line in group]
-        return [_escape(text) for text in completer.complete_batch(group, **kw)]
+            return [_escape(completer.complete(line, sliding_window=True, step=steps.of(1), **kw)) for line in group]
+        return [_escape(text) for text in completer.complete_batch(group, step=steps.of(len(group)), **kw)]
 
     code = answer_each((lines[i:i + size] for i in range(0, len(lines), size)), answer, sys.stdout, "generate",
                        "stdin")
-    return min(len(lines), size), code
+    return (steps.of(min(len(lines), size)) if lines else None), code
 
 
 def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int) -> None:

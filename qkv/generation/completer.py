@@ -3,8 +3,9 @@
     completer = Completer.from_run("runs/shakespeare")
     completer.complete("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1, stream=sys.stdout)
 
-Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, with its default step
-policy (:class:`~qkv.generation.decode.StepPolicy`); the Completer adds the text around it. An empty
+Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, its step chosen once a generation
+by the Completer's policy (:class:`~qkv.generation.policy.StepPolicy`) unless the caller passes one; the
+Completer adds the text around it. An empty
 prompt starts from the run's start text (a newline for Shakespeare, as nanoGPT samples) or the ``<bos>``
 token. A prompt that does not fit the context is an error, unless ``sliding_window``.
 
@@ -23,7 +24,8 @@ from qkv.accel.quantize import check_quantize, quantized
 from qkv.config import NEW_TOKENS, TEMPERATURE
 from qkv.errors import ConfigError
 from qkv.generation.api import InputError, InputTooLongError
-from qkv.generation.decode import StepPolicy, generate
+from qkv.generation.decode import generate
+from qkv.generation.policy import Step, StepPolicy
 from qkv.generation.sampling import check_sampling_args
 from qkv.devices import DEVICE_DEFAULT, model_device, resolve_device
 from qkv.runs import Run, load_model, require_arch
@@ -36,7 +38,7 @@ class Completer:
         model: A :class:`qkv.models.gpt.GPT` (put in eval mode here).
         tokenizer: Its tokenizer (``encode``, ``decode``, ``eos_id``, ``bos_id``).
         start_text: What an empty prompt starts from; ``""`` means the ``<bos>`` token.
-        compile: How decoding steps run (:class:`qkv.generation.decode.StepPolicy`, held as ``policy``): None (the
+        compile: How decoding steps run (:class:`qkv.generation.policy.StepPolicy`, held as ``policy``): None (the
             default) as every generation does by default, True compiled, False eager.
     """
 
@@ -44,7 +46,6 @@ class Completer:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.start_text = start_text
-        self.compile = compile
         self.device = model_device(model)
         self.policy = StepPolicy(self.model, compile)
 
@@ -100,6 +101,7 @@ class Completer:
         stream: TextIO | None = None,
         sliding_window: bool = False,
         echo: bool = False,
+        step: Step | None = None,
     ) -> str:
         """The continuation of ``prompt`` (without the prompt).
 
@@ -115,6 +117,7 @@ class Completer:
             stream: Write the text there as it is generated (e.g. ``sys.stdout``), flushed per token.
             sliding_window: Let the prompt and the output exceed the context (see :func:`~qkv.generation.decode.generate`).
             echo: Write the prompt to ``stream`` first (once the arguments are known to be valid).
+            step: The decoding step, chosen for one prompt (``self.policy.choose``); by default chosen here.
 
         Returns:
             The generated text, cut before the first stop string; ``<eos>`` ends it too.
@@ -150,7 +153,8 @@ class Completer:
             return False
 
         generate(self.model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
-                 generator=self._generator(seed), on_step=on_step, compile=self.compile, sliding_window=sliding_window)
+                 generator=self._generator(seed), on_step=on_step, sliding_window=sliding_window,
+                 step=step or self.policy.choose(max_new_tokens))
         if stream is not None and len(text) > emitted:
             stream.write(text[emitted:])
             stream.flush()
@@ -166,11 +170,13 @@ class Completer:
         top_p: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        step: Step | None = None,
     ) -> list[str]:
         """Complete several prompts in one batch (left-padded, one cached step per token for all rows).
 
         The same as :meth:`complete` for each prompt with greedy decoding; sampled rows draw from one
-        generator, so they differ from one-at-a-time sampling with the same seed.
+        generator, so they differ from one-at-a-time sampling with the same seed. ``step``: the decoding step,
+        chosen for as many prompts (``self.policy.choose``); by default chosen here.
         """
         check_sampling_args(temperature, top_k, top_p)
         if not prompts:
@@ -181,7 +187,7 @@ class Completer:
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed),
-                        compile=self.compile)
+                        step=step or self.policy.choose(max_new_tokens, len(encoded)))
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:

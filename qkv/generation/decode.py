@@ -1,5 +1,5 @@
-"""Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token, and the one
-rule for which step that is (:class:`StepPolicy`).
+"""Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token, the step
+chosen once a generation (:class:`~qkv.generation.policy.StepPolicy`).
 
 "At each step the model is auto-regressive, consuming the previously generated symbols as additional
 input when generating the next" (Section 3). With the KV cache each step feeds only the newest token.
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from qkv.accel.compiled import CompiledStep, check_can_compile, cpu_compiler_available
-from qkv.accel.kernels import decoding, step_linears
-from qkv.accel.precompiled import LoadedStep, cache_slots, can_precompile, find, precompile
+from qkv.accel.compiled import CompiledStep
+from qkv.accel.kernels import decoding
+from qkv.accel.precompiled import LoadedStep, cache_slots
 from qkv.config import TEMPERATURE
-from qkv.devices import model_device
+from qkv.generation.policy import Step, StepPolicy
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -52,6 +52,7 @@ def generate(
     on_step: Callable[[Tensor], bool | None] | None = None,
     compile: bool | None = None,
     sliding_window: bool = False,
+    step: Step | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens: the one decoding loop of a GPT, which
     :class:`~qkv.generation.completer.Completer` and ``qkv generate`` run too.
@@ -67,13 +68,15 @@ def generate(
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         on_step: called with the (B,) new tokens after every step (for streaming); returning True stops the
             generation there (a stop string found).
-        compile: how the steps after the prompt run (:class:`StepPolicy`, below). None, the default
+        compile: how the steps after the prompt run (:class:`~qkv.generation.policy.StepPolicy`). None, the default
             of every caller: a step compiled ahead of time where one was built for this model and batch size,
             torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
             prompt's steps compiled (faster steps on a CPU, after seconds of compiling); False: eager.
         sliding_window: one prompt, which with its continuation may exceed the context: the model sees the
             last ``max_len`` tokens, and once the window is full each step recomputes it (nanoGPT's crop;
             learned positions cannot be shifted inside a cache).
+        step: the step already chosen for these prompts (``StepPolicy.choose``, as the Completer does), in place
+            of ``compile``'s choice; its ``rows`` must be the number of prompts.
 
     Returns:
         The new tokens of each row.
@@ -84,7 +87,6 @@ def generate(
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     device = next(model.parameters()).device
-    policy = StepPolicy(model, compile)
     if isinstance(prompts, Tensor):
         prompts = prompts.tolist()
     if sliding_window:
@@ -100,7 +102,12 @@ def generate(
             f"prompt of {t} tokens + {max_new_tokens} new tokens = {total} exceeds the model's context "
             f"of {max_len} positions; shorten the prompt or ask for fewer tokens"
         )
-    how, package = policy.choose(max_new_tokens, b) if use_cache else ("eager", None)
+    if step is None:
+        step = StepPolicy(model, compile).choose(max_new_tokens, b) if use_cache else Step("eager", b)
+    elif step.rows != b or (step.how != "eager" and not use_cache):
+        raise ValueError(f"the {step.how} step was chosen for {step.rows} prompt(s) with a cache, and this "
+                         f"generation has {b}{'' if use_cache else ' without a cache'}: choose the step for it")
+    how = step.how
     was_training = model.training
     model.eval()
     padded = not bool(real.all())
@@ -108,7 +115,7 @@ def generate(
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
     done = torch.zeros(b, dtype=torch.bool, device=device)
     steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
-    step: CompiledStep | None = None  # the compiled step, once the prompt is prefilled
+    running: CompiledStep | LoadedStep | None = None  # the compiled or loaded step, once the prompt is prefilled
     cached = use_cache  # False: every step recomputes the prefix (use_cache=False, or a full sliding window)
     try:
         # The caches and, for eager steps, the weights laid out for b-row products; compiled steps use no
@@ -122,8 +129,8 @@ def generate(
             seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
             for i in range(max_new_tokens):
                 mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-                if step is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
-                    logits = step(step_in, step_pos, t + i - 1)
+                if running is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
+                    logits = running(step_in, step_pos, t + i - 1)
                 elif cached:  # prefill the prompt once, then feed one position per step
                     logits = model(step_in, mask=mask, positions=step_pos if padded else None)
                 elif sliding_window:  # the window is full: the last `max_len` tokens, recomputed
@@ -146,103 +153,21 @@ def generate(
                     seq = torch.cat([seq, tok[:, None]], dim=1)
                 if cached and t + i == max_len:  # a sliding window's cache is full: recompute from here on
                     model.clear_cache()
-                    if step is not None:
-                        step.close()
-                    step, cached = None, False
+                    if running is not None:
+                        running.close()
+                    running, cached = None, False
                 if cached:
                     step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                    if step is None and how != "eager":
-                        step = LoadedStep(model, real, package) if how == "loaded" else CompiledStep(model, real)
-                if padded and step is None:  # a compiled step keeps its own mask (CompiledStep.visible)
+                    if running is None and how != "eager":
+                        running = LoadedStep(model, real, step.package) if how == "loaded" else CompiledStep(model, real)
+                if padded and running is None:  # a compiled step keeps its own mask (CompiledStep.visible)
                     key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     finally:
-        if step is not None:
-            step.close()
+        if running is not None:
+            running.close()
         model.train(was_training)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps
         rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]
     return rows
 
-
-# Which step a generation runs after its prompt: eager, compiled by torch.compile, or compiled ahead of time
-# and loaded from the user cache (qkv.accel offers the three; this rule picks, for qkv.generate, the
-# Completer and qkv generate alike). A compiled step runs a batch-1 token faster than the eager one on a CPU,
-# but compiling costs seconds in every new process; a step compiled ahead of time loads in a fraction of a
-# second, but only where one was built for exactly these weights, this batch size and this machine (the
-# figures: docs/BENCHMARKS.md, "GPT generation"). So, by default:
-#
-# - a package built for the model and the batch size runs from PRECOMPILED_AFTER new tokens on;
-# - otherwise one prompt's steps are compiled from COMPILE_AFTER new tokens on, on a CPU with a C++
-#   compiler, for a model whose steps run fp32 linear maps (not an int8 copy);
-# - otherwise the steps run eagerly, their weights laid out for this CPU's fastest kernels (qkv.accel.kernels).
-#
-# compile=True asks for torch.compile's step (one prompt), compile=False for eager steps only.
-
-# From how many new tokens of one prompt a generation compiles its decoding step by default (on a CPU with a
-# C++ compiler): where the milliseconds it saves a token repay the seconds of compiling in a new process, warm
-# inductor cache or not (docs/BENCHMARKS.md, "Compiled in the process").
-COMPILE_AFTER = 2048
-# From how many new tokens a generation runs the step compiled ahead of time, where one was built for the
-# model, the batch size and this machine: loading it costs once a process what the milliseconds it saves a
-# token repay after a few dozen tokens (docs/BENCHMARKS.md, "Compiled ahead of time and loaded").
-PRECOMPILED_AFTER = 32
-
-Step = Literal["eager", "compiled", "loaded"]
-
-
-class StepPolicy:
-    """The decoding step of ``model``'s generations: ``compile`` None (the rule above), True or False.
-
-    Raises ``ValueError`` at once where ``compile=True`` cannot be honoured (no C++ compiler for a CPU).
-    """
-
-    def __init__(self, model: nn.Module, compile: bool | None = None) -> None:
-        self.model, self.compile = model, compile
-        if compile:
-            check_can_compile(model_device(model))
-
-    def package(self, rows: int = 1) -> Path | None:
-        """The package of the model's step for ``rows`` prompts, if one was built on this machine for these
-        weights (looked for at every call: one built meanwhile, by a background build, is found)."""
-        return find(self.model, rows)
-
-    def precompile(self, rows: int = 1) -> tuple[Path, float]:
-        """Compile the model's step for ``rows`` prompts ahead of time, unless it was (qkv.accel.precompiled)."""
-        return precompile(self.model, rows)
-
-    def loads(self, max_new_tokens: int, rows: int = 1) -> bool:
-        """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs the step compiled ahead of time."""
-        return self._package_to_load(max_new_tokens, rows) is not None
-
-    def would_load(self, max_new_tokens: int, rows: int = 1) -> bool:
-        """Whether such a generation would run a step compiled ahead of time if one were built, and none is:
-        what ``qkv generate`` builds in the background."""
-        return (self.compile is None and max_new_tokens >= PRECOMPILED_AFTER and not self.loads(max_new_tokens, rows)
-                and can_precompile(self.model) and cpu_compiler_available())
-
-    def compiles(self, max_new_tokens: int, rows: int = 1) -> bool:
-        """Whether a generation of ``max_new_tokens`` for ``rows`` prompts runs torch.compile's step: one prompt
-        only (larger batches decode eagerly, where the weight products dominate)."""
-        return self._would_compile(max_new_tokens, rows) and not self.loads(max_new_tokens, rows)
-
-    def choose(self, max_new_tokens: int, rows: int = 1) -> tuple[Step, Path | None]:
-        """The step a generation runs, and the package it loads (None unless ``"loaded"``); the package is looked
-        for once."""
-        package = self._package_to_load(max_new_tokens, rows)
-        if package is not None:
-            return "loaded", package
-        return ("compiled", None) if self._would_compile(max_new_tokens, rows) else ("eager", None)
-
-    def _package_to_load(self, max_new_tokens: int, rows: int) -> Path | None:
-        """The package such a generation loads: by default, from PRECOMPILED_AFTER new tokens, where one was built."""
-        return self.package(rows) if self.compile is None and max_new_tokens >= PRECOMPILED_AFTER else None
-
-    def _would_compile(self, max_new_tokens: int, rows: int) -> bool:
-        """Whether such a generation runs torch.compile's step, unless a package runs instead."""
-        if rows != 1 or self.compile is False:
-            return False
-        if self.compile:
-            return True
-        return (max_new_tokens >= COMPILE_AFTER and model_device(self.model).type == "cpu"
-                and bool(step_linears(self.model)) and cpu_compiler_available())

@@ -110,23 +110,37 @@ def test_a_compiled_generation_leaves_the_model_as_it_was():
 
 
 def test_by_default_only_a_long_enough_generation_of_one_prompt_compiles(monkeypatch):
-    from qkv.generation import decode as P
+    from qkv.generation import policy as P
     from qkv.accel.quantize import quantized
 
     model, tok = GPT(preset("tiny-gpt")).eval(), CharTokenizer(list("abcdefgh \n"))
-    auto = Completer(model, tok).policy
-    assert not auto.compiles(P.COMPILE_AFTER - 1) and auto.compiles(P.COMPILE_AFTER)
-    assert not auto.compiles(P.COMPILE_AFTER, rows=2)  # batches decode eagerly
-    assert not Completer(quantized(model), tok).policy.compiles(P.COMPILE_AFTER)  # int8 steps are not compiled
-    assert not Completer(model, tok, compile=False).policy.compiles(10 * P.COMPILE_AFTER)
-    assert Completer(model, tok, compile=True).policy.compiles(1)
-    assert auto.choose(P.COMPILE_AFTER) == ("compiled", None) and auto.choose(P.COMPILE_AFTER - 1) == ("eager", None)
+    how = lambda completer, n, rows=1: completer.policy.choose(n, rows).how
+    auto = Completer(model, tok)
+    assert how(auto, P.COMPILE_AFTER - 1) == "eager" and how(auto, P.COMPILE_AFTER) == "compiled"
+    assert auto.policy.choose(P.COMPILE_AFTER) == P.Step("compiled", 1)
+    assert how(auto, P.COMPILE_AFTER, rows=2) == "eager"  # batches decode eagerly
+    assert how(Completer(quantized(model), tok), P.COMPILE_AFTER) == "eager"  # int8 steps are not compiled
+    assert how(Completer(model, tok, compile=False), 10 * P.COMPILE_AFTER) == "eager"
+    assert how(Completer(model, tok, compile=True), 1) == "compiled"
     monkeypatch.setattr(P, "cpu_compiler_available", lambda: False)
-    assert not auto.compiles(P.COMPILE_AFTER)  # no compiler: eager, silently
+    assert how(auto, P.COMPILE_AFTER) == "eager"  # no compiler: eager, silently
+
+
+def test_a_step_chosen_for_other_prompts_is_refused():
+    from qkv.generation import generate
+    from qkv.generation.policy import Step
+
+    model = GPT(preset("tiny-gpt")).eval()
+    with pytest.raises(ValueError, match="chosen for 1 prompt"):
+        generate(model, [[1, 2], [3]], 2, temperature=0, step=Step("eager", 1))
+    with pytest.raises(ValueError, match="without a cache"):
+        generate(model, [[1, 2]], 2, temperature=0, use_cache=False, step=Step("compiled", 1))
+    given = generate(model, [[1, 2], [3]], 4, temperature=0, step=Step("eager", 2))
+    assert given == generate(model, [[1, 2], [3]], 4, temperature=0, compile=False)
 
 
 def test_qkv_generate_compiles_by_default_when_it_pays_and_says_so(tiny_lm_run, monkeypatch, capsys):
-    from qkv.generation import decode as P
+    from qkv.generation import policy as P
     from qkv.cli import main
 
     run = tiny_lm_run()

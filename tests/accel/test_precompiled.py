@@ -12,13 +12,22 @@ import torch
 from qkv import GPT, preset
 from qkv.accel import precompiled
 from qkv.accel.compiled import cpu_compiler_available
-from qkv.generation.decode import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.generation.policy import COMPILE_AFTER, PRECOMPILED_AFTER
 from qkv.accel.precompiled import PACKAGES_KEPT
 from qkv.generation import decode, generate
 from qkv.generation.completer import Completer
 from qkv.tokenizers.char import CharTokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_compiler_available(), reason="AOTInductor builds C++: it needs a compiler")
+
+
+def loads(completer: Completer, n: int, rows: int = 1) -> bool:
+    """Whether the completer's generation of ``n`` tokens for ``rows`` prompts runs the step compiled ahead of time."""
+    return completer.policy.choose(n, rows).how == "loaded"
+
+
+def compiles(completer: Completer, n: int) -> bool:
+    return completer.policy.choose(n).how == "compiled"
 
 
 @pytest.fixture(autouse=True)
@@ -39,16 +48,16 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     assert len(set(expected)) > 3, expected
 
     auto = Completer(model, tok)
-    assert auto.policy.package() is None and not auto.policy.loads(n)  # nothing built yet: eager
+    assert auto.policy.package() is None and not loads(auto, n)  # nothing built yet: eager
     path, seconds = auto.policy.precompile()
     assert path.is_file() and seconds > 0 and path.parent.name == "steps"
     assert precompiled.precompile(model) == (path, 0.0)  # built once
 
     later = Completer(model, tok)  # another Completer, as another process would be
-    assert later.policy.loads(n) and not later.policy.loads(PRECOMPILED_AFTER - 1) and not later.policy.loads(n, rows=2)
-    assert not Completer(model, tok, compile=False).policy.loads(n)
-    assert not later.policy.compiles(10 * COMPILE_AFTER)  # long generations too run the package, not torch.compile's
-    assert Completer(model, tok, compile=True).policy.compiles(n) and not Completer(model, tok, compile=True).policy.loads(n)
+    assert loads(later, n) and not loads(later, PRECOMPILED_AFTER - 1) and not loads(later, n, rows=2)
+    assert not loads(Completer(model, tok, compile=False), n)
+    assert not compiles(later, 10 * COMPILE_AFTER)  # long generations too run the package, not torch.compile's
+    assert compiles(Completer(model, tok, compile=True), n) and not loads(Completer(model, tok, compile=True), n)
     assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected
     # The window slides past the context: the loaded step gives way to recomputing, as the compiled one does.
     long = "the quick brown fox jumps over"
@@ -59,7 +68,7 @@ def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_bu
     # cleared): the next generation decodes eagerly, to the same tokens, instead of failing.
     built = path.read_bytes()
     path.unlink()
-    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected and not later.policy.loads(n)
+    assert later.complete("the cat", max_new_tokens=n, temperature=0) == expected and not loads(later, n)
     path.write_bytes(built)
 
     with torch.no_grad():
@@ -90,7 +99,7 @@ def test_a_loaded_step_for_a_batch_gives_the_eager_tokens_of_left_padded_prompts
     assert not (steps / f"{0:032x}-1.pt2").exists() and len(list(steps.glob("*.pt2"))) == PACKAGES_KEPT
     assert path.name.endswith("-3.pt2") and precompiled.find(model, 3) == path and precompiled.find(model, 1) is None
     completer = Completer(model, tok)
-    assert completer.policy.loads(n, rows=3) and not completer.policy.loads(n, rows=1) and not completer.policy.loads(n, rows=2)
+    assert loads(completer, n, rows=3) and not loads(completer, n, rows=1) and not loads(completer, n, rows=2)
     assert completer.complete_batch(prompts, max_new_tokens=n, temperature=0) == expected
     # qkv.generate's default is the command's: the package where one was built for the batch, eager otherwise.
     loaded = []
