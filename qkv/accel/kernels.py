@@ -13,8 +13,9 @@ from outside for the time they decode, and put it back after (gpt-fast's rule):
   (:class:`PackedLinear`), which ran batch-1 products faster than MKL on one AMD EPYC and slower on an
   Intel Xeon; and MKL's own packed weights (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on Intel
   CPUs, which PyTorch reaches as ``torch.ops.mkl._mkl_linear``), which won the 8-row products of a GPT
-  step on that Xeon (the figures: docs/BENCHMARKS.md, "The figures behind the decoding rules"). So no kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the
-  first time a shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
+  step on that Xeon (the figures: docs/BENCHMARKS.md, "The figures behind the decoding rules"). So no
+  kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the first time a
+  shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
   cache (``kernels.json``, keyed by the CPU, torch version and thread count). ``pack_weights`` then
   lays out each linear map a step runs (:func:`step_linears`) where another kernel than the default
   won: its weight's memory transposed, or its ``forward`` replaced by a packed kernel's (which takes

@@ -19,8 +19,8 @@ too (:data:`PACKAGE_OPTIONS`), it did (docs/BENCHMARKS.md).
 A package holds the model's weights and the kernels built for this CPU and torch: its name is a digest
 of the model (class, configuration, every weight), the torch version and the CPU
 (:func:`~qkv.devices.cpu_identity`), and the batch size, so a changed weight or another machine never loads
-a stale one. Building one takes tens of seconds (``qkv generate --precompile``, or :func:`precompile`). ``qkv generate`` builds it by itself, in the background, after an eager generation
-that a package would have run (as ``git gc --auto`` packs a repository after a command):
+a stale one. Building one takes tens of seconds (``qkv generate --precompile``, or :func:`precompile`).
+``qkv generate`` builds it by itself, in the background, after an eager generation that a package would have run (as ``git gc --auto`` packs a repository after a command):
 :func:`build_in_background` starts the build as a detached process at low priority, and beside the
 package it writes a marker with the builder's pid and the builder's log, which the package's arrival
 deletes. A build that failed or was stopped leaves them, and none starts again by itself

@@ -8,12 +8,13 @@ another module created the group first.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -182,25 +183,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"qkv generate: the decoding step compiled ahead of time in {seconds:.0f} s, kept in {path}"
               if seconds else f"qkv generate: the decoding step was compiled ahead of time before ({path})",
               file=sys.stderr)
-    steps = _Steps(completer, args)
-    _announce(steps.of(rows), args)
+    # The step of each batch size the command decodes, chosen once (a short last batch of stdin lines is another).
+    steps = functools.cache(lambda n: completer.policy.choose(args.max_new_tokens, n))
+    _announce(steps(rows), args)
     # The step of the first batch decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
     first, code = _complete_all(completer, args, steps)
     if first is not None and first.build:  # eager, where a package would have run: build one for next time
         _precompile_later(completer, args, first.rows)  # once the text is out (and only if it could be written)
     return code
-
-
-class _Steps:
-    """The decoding step of the command's generations for each batch size, chosen once (StepPolicy.choose)."""
-
-    def __init__(self, completer: Completer, args: argparse.Namespace) -> None:
-        self.policy, self.max_new_tokens, self.chosen = completer.policy, args.max_new_tokens, {}
-
-    def of(self, rows: int) -> Step:
-        if rows not in self.chosen:
-            self.chosen[rows] = self.policy.choose(self.max_new_tokens, rows)
-        return self.chosen[rows]
 
 
 def _announce(step: Step, args: argparse.Namespace) -> None:
@@ -213,7 +203,8 @@ def _announce(step: Step, args: argparse.Namespace) -> None:
               "--no-compile decodes eagerly)", file=sys.stderr)
 
 
-def _complete_all(completer: Completer, args: argparse.Namespace, steps: _Steps) -> tuple[Step | None, int]:
+def _complete_all(completer: Completer, args: argparse.Namespace,
+                  steps: Callable[[int], Step]) -> tuple[Step | None, int]:
     """The prompt's completion streamed to stdout, or one line for each line of stdin (qkv.cli.pipe); returns
     the step of the first batch decoded (None if stdin had no line) and the exit code."""
     read = _unescape if args.escape else str
@@ -221,10 +212,10 @@ def _complete_all(completer: Completer, args: argparse.Namespace, steps: _Steps)
                               top_p=args.top_p, seed=args.seed, stop=[read(text) for text in args.stop])
     if args.prompt is not None:
         completer.complete(read(args.prompt), stream=sys.stdout, sliding_window=args.sliding_window, echo=True,
-                           step=steps.of(1), **kw)
+                           step=steps(1), **kw)
         sys.stdout.write("\n")
         sys.stdout.flush()
-        return steps.of(1), 0
+        return steps(1), 0
     if sys.stdin.isatty():
         raise ValueError("give a prompt, or pipe prompts on stdin (one per line)")
     lines = [read(line.rstrip("\n")) for line in sys.stdin]
@@ -232,12 +223,12 @@ def _complete_all(completer: Completer, args: argparse.Namespace, steps: _Steps)
 
     def answer(group: list[str]) -> list[str]:
         if args.sliding_window:
-            return [_escape(completer.complete(line, sliding_window=True, step=steps.of(1), **kw)) for line in group]
-        return [_escape(text) for text in completer.complete_batch(group, step=steps.of(len(group)), **kw)]
+            return [_escape(completer.complete(line, sliding_window=True, step=steps(1), **kw)) for line in group]
+        return [_escape(text) for text in completer.complete_batch(group, step=steps(len(group)), **kw)]
 
     code = answer_each((lines[i:i + size] for i in range(0, len(lines), size)), answer, sys.stdout, "generate",
                        "stdin")
-    return (steps.of(min(len(lines), size)) if lines else None), code
+    return (steps(min(len(lines), size)) if lines else None), code
 
 
 def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int) -> None:

@@ -5,9 +5,8 @@
 
 Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, its step chosen once a generation
 by the Completer's policy (:class:`~qkv.generation.policy.StepPolicy`) unless the caller passes one; the
-Completer adds the text around it. An empty
-prompt starts from the run's start text (a newline for Shakespeare, as nanoGPT samples) or the ``<bos>``
-token. A prompt that does not fit the context is an error, unless ``sliding_window``.
+Completer adds the text around it. An empty prompt starts from the run's start text (a newline for
+Shakespeare, as nanoGPT samples) or the ``<bos>`` token. A prompt that does not fit the context is an error, unless ``sliding_window``.
 
 Streaming writes only text that is final: a byte-level token may end in the middle of a UTF-8
 character, and text that could be the start of a stop string is held back until it is not.
@@ -154,7 +153,7 @@ class Completer:
 
         generate(self.model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
                  generator=self._generator(seed), on_step=on_step, sliding_window=sliding_window,
-                 step=step or self.policy.choose(max_new_tokens))
+                 step=self.policy.choose(max_new_tokens) if step is None else step)
         if stream is not None and len(text) > emitted:
             stream.write(text[emitted:])
             stream.flush()
@@ -187,7 +186,7 @@ class Completer:
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed),
-                        step=step or self.policy.choose(max_new_tokens, len(encoded)))
+                        step=self.policy.choose(max_new_tokens, len(encoded)) if step is None else step)
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:
