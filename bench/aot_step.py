@@ -45,7 +45,7 @@ from qkv import GPT, preset  # noqa: E402
 from qkv.generation import generate  # noqa: E402
 from qkv.accel.compiled import CompiledStep  # noqa: E402
 from qkv.generation.completer import Completer  # noqa: E402
-from qkv.accel.kernels import CACHE_ENV, cache_path, end_decoding, start_decoding  # noqa: E402
+from qkv.accel.kernels import CACHE_ENV, cache_path, decoding_model  # noqa: E402
 from qkv.accel.precompiled import LoadedStep, cache_slots, package_path, precompile  # noqa: E402
 from qkv.tokenizers.char import CharTokenizer  # noqa: E402
 
@@ -66,12 +66,12 @@ def model_and_prompt():
 
 
 def prepared(model, prompt, slots: int):
-    """The model with caches of ``slots`` positions and the prompt prefilled, as a compiled step needs them
-    (torch.compile's: the model's context; the package's: ``cache_slots``); returns the first new token
-    and the prompt's mask."""
-    start_decoding(model, 1, slots, packed=False)
-    first = model(prompt)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-    return first, torch.ones_like(prompt, dtype=torch.bool)
+    """The decoding model with caches of ``slots`` positions and the prompt prefilled, as a compiled step needs
+    them (torch.compile's: the model's context; the package's: ``cache_slots``), the first new token and the
+    prompt's mask."""
+    decoder = decoding_model(model, 1, slots, packed=False)
+    first = decoder(prompt)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+    return decoder, first, torch.ones_like(prompt, dtype=torch.bool)
 
 
 def build_package() -> dict:
@@ -104,8 +104,8 @@ def worker(impl: str) -> dict:
             return {"impl": impl, "ready_s": 0.0, "first_token_since_start_s": first_token[0] - STARTED,
                     "ms_per_token": 1000 * (time.perf_counter() - t0) / NEW}
         t0 = time.perf_counter()
-        first, mask = prepared(model, prompt, cache_slots(model) if impl == "aot" else model.cfg.max_len)
-        step = LoadedStep(model, mask, package_path(model)) if impl == "aot" else CompiledStep(model, mask)
+        decoder, first, mask = prepared(model, prompt, cache_slots(model) if impl == "aot" else model.cfg.max_len)
+        step = LoadedStep(decoder, mask, package_path(model)) if impl == "aot" else CompiledStep(decoder, mask)
         times, seen, fed = [], [], [first]
         for i in range(NEW):
             t1 = time.perf_counter()
@@ -115,12 +115,10 @@ def worker(impl: str) -> dict:
                 ready, since_start = time.perf_counter() - t0, time.perf_counter() - STARTED
             seen.append(logits.clone())
             fed.append(logits.argmax(-1, keepdim=True))  # (1, 1)
-        step.close()
         # The same tokens through the eager model, its caches anew: every step's logits, within fp32 rounding.
-        end_decoding(model)
-        start_decoding(model, 1, model.cfg.max_len, packed=False)
-        model(prompt)
-        worst = max(float((model(token)[:, -1] - logits).abs().max()) for token, logits in zip(fed, seen))
+        eager = decoding_model(model, 1, model.cfg.max_len, packed=False)
+        eager(prompt)
+        worst = max(float((eager(token)[:, -1] - logits).abs().max()) for token, logits in zip(fed, seen))
     return {"impl": impl, "ready_s": ready, "first_token_since_start_s": since_start,
             "ms_per_token": 1000 * statistics.median(times[1:]),
             "worst_logit_difference": worst, "distinct_tokens": len({int(t) for t in fed})}

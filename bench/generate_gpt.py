@@ -94,7 +94,7 @@ def worker(impl: str, batch: int, reps: int) -> dict:
         mask = torch.ones_like(prompt)
         static = {}
         if impl == "hf-compile":  # HF's recipe for compiled decoding: a static cache and a compiled forward
-            model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)
+            model.compile(fullgraph=True, dynamic=False)
             static = {"cache_implementation": "static"}
 
         def run():
@@ -117,11 +117,10 @@ def worker(impl: str, batch: int, reps: int) -> dict:
             assert all(len(r.sequences[0]) == NEW for r in out)
     elif impl == "floor":
         from qkv import GPT, preset
-        from qkv.accel.kernels import pack_weights, step_linears
+        from qkv.accel.kernels import decoding_model, step_linears
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
-        layers = step_linears(model)  # what decoding packs
-        pack_weights(model, batch)
+        layers = step_linears(decoding_model(model, batch, PROMPT + NEW))  # the step's maps as decoding lays them out
         inputs = [torch.randn(batch, m.in_features) for m in layers]
 
         def run():

@@ -36,7 +36,7 @@ from common import decoding_bench_args, median_of, run_alternating, time_steps, 
 
 from qkv.generation.beam import _best_continuations  # noqa: E402
 from qkv.accel.compiled import CompiledStep, caches_of  # noqa: E402
-from qkv.accel.kernels import end_decoding, start_decoding  # noqa: E402
+from qkv.accel.kernels import decoding_model  # noqa: E402
 from qkv.accel.precompiled import PACKAGE_OPTIONS  # noqa: E402
 from qkv.modules.attention import padding_mask  # noqa: E402
 
@@ -55,14 +55,16 @@ def model_and_sources(size: str):
     return model, src, padding_mask(src, model.cfg.pad_id)  # (B, S), (B, 1, 1, S)
 
 
-def first_step(model, src: Tensor, src_mask: Tensor, packed: bool) -> None:
-    """The search's first step: one row per sentence, its caches then widened to the k hypotheses; the weights
-    packed for the eager steps as the search packs them (``packed``), or left for the compiled step."""
+def first_step(model, src: Tensor, src_mask: Tensor, packed: bool) -> nn.Module:
+    """The search's decoder after its first step: one row per sentence, its caches then widened to the k
+    hypotheses; the weights packed for the eager steps as the search packs them (``packed``), or left for the
+    compiled step."""
     b = src.shape[0]
-    start_decoding(model, b * BEAM, SLOTS, packed=packed)
-    model.reorder_cache(torch.arange(b))
-    model.decode(torch.ones(b, 1, dtype=torch.long), model.encode(src, src_mask), src_mask)
-    model.reorder_cache(torch.arange(b).repeat_interleave(BEAM))
+    decoder = decoding_model(model, b * BEAM, SLOTS, packed=packed)
+    decoder.reorder_cache(torch.arange(b))
+    decoder.decode(torch.ones(b, 1, dtype=torch.long), decoder.encode(src, src_mask), src_mask)
+    decoder.reorder_cache(torch.arange(b).repeat_interleave(BEAM))
+    return decoder
 
 
 def step_inputs(model) -> list[Tensor]:
@@ -117,24 +119,22 @@ def build(path: str, size: str, with_choice: bool = False) -> float:
     from torch._inductor import aoti_compile_and_package
 
     model, src, src_mask = model_and_sources(size)
-    first_step(model, src, src_mask, packed=False)
+    decoder = first_step(model, src, src_mask, packed=False)
     rows = src.shape[0] * BEAM
     t0 = time.perf_counter()
-    step = CompiledStep(model, torch.ones(rows, 1, dtype=torch.bool))  # the transformation only
+    step = CompiledStep(decoder, torch.ones(rows, 1, dtype=torch.bool))  # its step model only, not compiled here
     mask = step.visible[:, None, None, :SLOTS - 1].contiguous()  # (N K, 1, 1, span)
-    kv = step_inputs(model)
+    kv = step_inputs(step.model)
     span = {3: torch.export.Dim("span", min=2, max=SLOTS - 1)}
     head = (torch.ones(rows, 1, dtype=torch.long), mask, step.slot, src_mask)
     if with_choice:
-        exported = torch.export.export(_StepAndChoice(model), (*head, torch.zeros(src.shape[0], BEAM), *kv),
+        exported = torch.export.export(_StepAndChoice(step.model), (*head, torch.zeros(src.shape[0], BEAM), *kv),
                                        strict=False,
                                        dynamic_shapes=(None, span, None, None, None, tuple(None for _ in kv)))
     else:
-        exported = torch.export.export(_Step(model), (*head, *kv), strict=False,
+        exported = torch.export.export(_Step(step.model), (*head, *kv), strict=False,
                                        dynamic_shapes=(None, span, None, None, tuple(None for _ in kv)))
-    step.close()
     aoti_compile_and_package(exported, package_path=path, inductor_configs=dict(PACKAGE_OPTIONS))
-    end_decoding(model)
     return time.perf_counter() - t0
 
 
@@ -153,14 +153,14 @@ def worker(impl: str, reps: int, size: str) -> dict:
     eager = impl.endswith("eager")
     per_run = []
     for _ in range(reps + 1):  # the first untimed
-        first_step(model, src, src_mask, packed=eager)
-        kv, slot = step_inputs(model), torch.zeros(1, dtype=torch.long)
+        decoder = first_step(model, src, src_mask, packed=eager)
+        kv, slot = step_inputs(decoder), torch.zeros(1, dtype=torch.long)
         visible = torch.ones(rows, SLOTS, dtype=torch.bool)
         steps = []
         for i in range(1, NEW + 1):
             t0 = time.perf_counter()
             if eager:
-                logits = model.decode(tokens, None, src_mask)
+                logits = decoder.decode(tokens, None, src_mask)
                 if choice:
                     choose_eager(logits[:, -1], scores)
             else:
@@ -168,7 +168,6 @@ def worker(impl: str, reps: int, size: str) -> dict:
                 mask = visible[:, None, None, :i + 1].contiguous()  # (N K, 1, 1, span)
                 loader.run([tokens, mask, slot, src_mask, *([scores] if choice else []), *kv])
             steps.append(time.perf_counter() - t0)
-        end_decoding(model)
         per_run.append(statistics.fmean(steps))
     return {"impl": impl, "ms_per_step": 1000 * statistics.median(per_run[1:])}
 

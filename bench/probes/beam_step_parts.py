@@ -32,24 +32,22 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/
 from beam_step_aot import BEAM, NEW, first_step, model_and_sources  # noqa: E402
 from common import write_result  # noqa: E402
 
-from qkv.accel.kernels import end_decoding, step_linears  # noqa: E402
+from qkv.accel.kernels import step_linears  # noqa: E402
 
 
 @torch.no_grad()
 def step_ms(model, src, src_mask) -> float:
-    first_step(model, src, src_mask, packed=True)
+    decoder = first_step(model, src, src_mask, packed=True)
     tokens = torch.full((src.shape[0] * BEAM, 1), 5)
     t0 = time.perf_counter()
     for _ in range(NEW):
-        model.decode(tokens, None, src_mask)
-    end_decoding(model)
+        decoder.decode(tokens, None, src_mask)
     return 1000 * (time.perf_counter() - t0) / NEW
 
 
 @torch.no_grad()
 def products_ms(model, src, src_mask, packed: bool) -> float:
-    first_step(model, src, src_mask, packed=packed)  # the weights laid out as the search lays them out (or not)
-    linears = step_linears(model)
+    linears = step_linears(first_step(model, src, src_mask, packed=packed))  # laid out as the search lays them out (or not)
     xs = {n: torch.randn(src.shape[0] * BEAM, 1, n) for n in {m.in_features for m in linears}}
     for m in linears:
         m(xs[m.in_features])
@@ -57,7 +55,6 @@ def products_ms(model, src, src_mask, packed: bool) -> float:
     for _ in range(NEW):
         for m in linears:
             m(xs[m.in_features])
-    end_decoding(model)
     return 1000 * (time.perf_counter() - t0) / NEW
 
 

@@ -63,13 +63,13 @@ def gpt_steps(impl: str, batch: int, sample: bool):
     pick = (lambda logits: next_token(logits, 0.8, 50, None, gen)) if sample else (lambda logits: logits.argmax(-1))
     if impl.startswith("qkv"):
         from qkv import GPT, preset
-        from qkv.accel.kernels import start_decoding
+        from qkv.accel.kernels import decoding_model
         from qkv.accel.quantize import quantized
 
         model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
         if impl == "qkv-int8":
             model = quantized(model)
-        start_decoding(model, batch, 256)
+        model = decoding_model(model, batch, 256)
         model(ids)
         caches = [layer.self_attn.cache for layer in model.layers]
         tok = torch.randint(1, vocab, (batch, 1))

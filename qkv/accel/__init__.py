@@ -1,10 +1,12 @@
 """Speed-ups, applied around the paper's modules from outside: nothing in ``qkv.modules`` or ``qkv.models``
 imports this package (tests/test_architecture.py holds the rule).
 
-- ``kernels``: each decoding step's linear maps laid out for the kernel measured fastest on this CPU,
-  for the time of a decoding (``decoding``), and put back after.
-- ``compiled``: a GPT's decoding step compiled by ``torch.compile`` (``CompiledStep``), the model's
-  linear maps, self-attention and caches transformed for it and restored by ``close()``.
+- ``swap``: the decoding model, a copy of a model's modules that shares its weights and into which the others
+  swap their modules (``decoding_copy``, ``swap_modules``); the model a generation is given is never changed.
+- ``kernels``: the decoding copy with caches and each step's linear maps laid out for the kernel measured
+  fastest on this CPU (``decoding_model``).
+- ``compiled``: a GPT's decoding step compiled by ``torch.compile`` (``CompiledStep``), on a step model of its
+  own: the decoder's copy with the step's linear maps, self-attention and caches swapped for compiled forms.
 - ``precompiled``: the same step compiled ahead of time (AOTInductor), kept in the user cache.
 - ``quantize``: a copy of a model with int8 linear maps.
 

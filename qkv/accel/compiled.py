@@ -6,16 +6,17 @@ PyTorch dispatches each of them from Python, which costs about as much as the pr
 (inductor), a layer is a few fused C++ loops, attention included, the products read the weights
 near memory speed (``qkv.accel.kernels.compiled_linear``), and the step is one call.
 
-The model is transformed from outside for the time of the generation: every linear map of a step
-computes :func:`~qkv.accel.kernels.compiled_linear`, every self-attention the explicit
-formula (inductor fuses it into the layer's loops, where SDPA's CPU kernel is a call of its own, a
-tenth of a compiled GPT step) and observes nothing (a compiled graph cannot read the ContextVar that
-``capture_attention`` sets). :meth:`CompiledStep.close` puts the model back.
+The step runs a decoding copy of the model (qkv.accel.swap) with modules of its own swapped in: every
+linear map of a step computes :func:`~qkv.accel.kernels.compiled_linear`, every self-attention the
+explicit formula (inductor fuses it into the layer's loops, where SDPA's CPU kernel is a call of its
+own, a tenth of a compiled GPT step) and observes nothing (a compiled graph cannot read the ContextVar
+that ``capture_attention`` sets). The model it is made from is not changed.
 
 One graph must serve every step, so a step has fixed shapes: each KV cache writes the new position
-at the slot a (1,) tensor names (a :class:`SlotCache` in each cache's place) and attention reads all of its slots
-through a key mask that hides the ones not yet written. Positions come as a tensor too. The prompt
-is still prefilled by the eager model, whose cache path writes slots 0 .. T-1.
+at the slot a (1,) tensor names (a :class:`SlotCache` over the buffers of the cache it is made from)
+and attention reads all of its slots through a key mask that hides the ones not yet written.
+Positions come as a tensor too. The prompt is prefilled by the eager decoding model, whose cache path
+writes slots 0 .. T-1, into the buffers the step then reads.
 
 The first call compiles, for seconds, fewer once inductor's disk cache holds the kernels
 (docs/BENCHMARKS.md, "Compiled in the process"). Logits equal the eager model's up to fp32 rounding: the products sum
@@ -30,7 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.accel.kernels import compiled_linear, step_linears
+from qkv.accel.kernels import compiled_linear, linear_like, step_linears
+from qkv.accel.swap import decoding_copy, swap_modules
 from qkv.modules.attention import KVCache, SelfAttention, scaled_dot_product_attention
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
@@ -62,17 +64,22 @@ class SlotCache(KVCache):
     the first ``span`` of them, (B, H, span, d_k | d_v). Shapes that never change, so one compiled graph serves
     every step; the step's mask hides the slots not yet written, and ``length`` stays the prompt's.
 
-    It holds the buffers of the cache it stands in for (the prompt was prefilled into them) and is put in
-    that cache's place by :class:`CompiledStep`, which puts the cache back when it closes.
+    It writes into the buffers of the cache it is made from (:meth:`over`), which the prompt was prefilled
+    into, or (``k``, ``v``) into tensors a step compiled ahead of time is given (qkv.accel.precompiled).
     """
 
-    def __init__(self, cache: KVCache, slot: Tensor) -> None:
-        self.__dict__.update(cache.__dict__)  # the same buffers, rows in use and length
-        self.slot = slot
+    def __init__(self, k: Tensor, v: Tensor, slot: Tensor, length: int = 0, span: int | None = None) -> None:
+        self._k, self._v = self.k, self.v = k, v  # (B, H, max_len, d_k | d_v) each
+        self.max_len, self.length, self.slot = k.shape[2], length, slot
         # How many slots attention reads (None: all): set by a step compiled ahead of time
         # (qkv.accel.precompiled), a size its graph takes from the mask, so that one graph serves every
         # length and reads no more of the cache than it holds.
-        self.span: int | None = None
+        self.span = span
+
+    @classmethod
+    def over(cls, cache: KVCache, slot: Tensor) -> SlotCache:
+        """The slots of ``cache``'s buffers (the rows in use), from its prefilled length on."""
+        return cls(cache.k, cache.v, slot, cache.length)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v: (B, H, 1, d_k | d_v), written at ``slot``; returns the (B, H, span or max_len, d_k | d_v) keys and
@@ -83,10 +90,18 @@ class SlotCache(KVCache):
 
 
 class _StepAttention(SelfAttention):
-    """Self-attention inside a compiled step (the modules take this class for the time of the generation, one
-    class, so that every generation's step finds the graph inductor compiled for the first): the explicit
-    formula, which inductor fuses into the layer's loops, and no observer (a compiled graph cannot read the
-    ContextVar that ``capture_attention`` sets)."""
+    """Self-attention inside a compiled step (:meth:`of` a ``SelfAttention``, whose W^Q, W^K, W^V, W^O and
+    rotation it takes; one class, so that every generation's step finds the graph inductor compiled for the
+    first): the explicit formula, which inductor fuses into the layer's loops, no observer (a compiled graph
+    cannot read the ContextVar that ``capture_attention`` sets), and a :class:`SlotCache`."""
+
+    @classmethod
+    def of(cls, attention: SelfAttention, cache: SlotCache | None) -> _StepAttention:
+        with torch.device("meta"):  # nothing allocated: the projections are the attention's own
+            new = cls(attention.d_model, attention.n_heads, bias=attention.in_proj.bias is not None,
+                      dropout=attention.dropout, d_k=attention.d_k)
+        new.in_proj, new.out_proj, new.rope, new.cache = attention.in_proj, attention.out_proj, attention.rope, cache
+        return new
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
                groups: int = 1) -> tuple[Tensor, Tensor | None]:
@@ -101,18 +116,37 @@ def caches_of(model: nn.Module) -> list[KVCache]:
 
 
 class _CompiledLinear(nn.Linear):
-    """A linear map inside a compiled step. Its modules take this class for the time of the generation: one
+    """A linear map inside a compiled step (``linear_like`` an ``nn.Linear``: its weight and bias): one
     class, so that every generation's step finds the graph inductor compiled for the first."""
 
     def forward(self, x: Tensor) -> Tensor:
         return compiled_linear(x, self.weight, self.bias)
 
 
+def step_model(model: nn.Module, slot: Tensor) -> nn.Module:
+    """The model a compiled step runs: a decoding copy of ``model`` (whose caches hold the prefilled prompt)
+    with :class:`_CompiledLinear` maps, :class:`_StepAttention` and a :class:`SlotCache` over each cache's
+    buffers, writing at ``slot``."""
+    twin = decoding_copy(model)
+    steps = {id(m) for m in step_linears(twin)}
+
+    def swap(m: nn.Module) -> nn.Module | None:
+        if id(m) in steps:
+            return linear_like(_CompiledLinear, m)
+        if type(m) is SelfAttention:
+            return _StepAttention.of(m, None if m.cache is None else SlotCache.over(m.cache, slot))
+        return None
+
+    return swap_modules(twin, swap)
+
+
 class CompiledStep:
-    """Feed one token per row through ``model`` (a GPT whose prompt is prefilled) in a compiled graph.
+    """Feed one token per row through ``model`` (a GPT whose prompt is prefilled: its decoding copy from
+    ``qkv.accel.kernels.decoding_model``, unpacked) in a compiled graph, on :func:`step_model`.
 
     Args:
-        model: the GPT, with caches set up (``setup_cache``) and the prompt prefilled into them.
+        model: the GPT, with caches set up (``setup_cache``) and the prompt prefilled into them; it is not
+            changed, but for the slots its caches' buffers are written.
         prompt: (B, T) bool, True where the prefilled slots 0 .. T-1 hold a real token (False for the
             left padding of shorter prompts).
     """
@@ -129,41 +163,17 @@ class CompiledStep:
         self.visible = torch.zeros(b, caches[0].max_len, dtype=torch.bool, device=prompt.device)  # (B, L)
         self.visible[:, :t] = prompt
         self.slot = torch.zeros(1, dtype=torch.long, device=prompt.device)
-        # What the step changes in the model, undone in reverse: (module, attribute, before, during).
-        self._swapped: list[tuple[Any, str, Any, Any]] = []
-        for m in step_linears(model):
-            self._swap(m, "__class__", _CompiledLinear)
-        for m in model.modules():
-            if type(m) is SelfAttention:
-                self._swap(m, "__class__", _StepAttention)
-                if m.cache is not None:
-                    self._swap(m, "cache", SlotCache(m.cache, self.slot))
-        try:
-            self.forward = self.compile(model)
-        except BaseException:
-            self.close()  # the model as it was, whatever stopped the compiling or loading
-            raise
+        self.model = step_model(model, self.slot)
+        self.run = self.compile(self.model)
 
     def compile(self, model: nn.Module) -> Any:
-        """``model`` compiled for the step, as ``forward(tokens, mask=..., positions=...)``: by torch.compile
+        """``model`` compiled for the step, as ``run(tokens, mask=..., positions=...)``: by torch.compile
         here, lazily (the first call compiles); :class:`~qkv.accel.precompiled.LoadedStep` loads one
         compiled ahead of time instead."""
         return torch.compile(model, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
-
-    def _swap(self, module: nn.Module, name: str, value: Any) -> None:
-        self._swapped.append((module, name, getattr(module, name), value))
-        setattr(module, name, value)
-
-    def close(self) -> None:
-        """Put the model back as it was: its own linear maps, attention and caches (a cache the model has
-        removed or replaced since, as a sliding window's recomputing does, stays as the model left it)."""
-        for module, name, old, new in reversed(self._swapped):
-            if getattr(module, name) is new:
-                setattr(module, name, old)
-        self._swapped = []
 
     def __call__(self, tokens: Tensor, positions: Tensor, slot: int) -> Tensor:
         """tokens, positions: (B, 1); slot: the cache slot the tokens go to. Returns (B, 1, V) logits."""
         self.slot.fill_(slot)
         self.visible[:, slot] = True
-        return self.forward(tokens, mask=self.visible[:, None, None, :], positions=positions)  # mask (B, 1, 1, L)
+        return self.run(tokens, mask=self.visible[:, None, None, :], positions=positions)  # mask (B, 1, 1, L)

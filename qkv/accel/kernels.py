@@ -1,28 +1,29 @@
-"""CPU speed-ups of decoding, applied around the model by the decoding functions that use them.
+"""CPU speed-ups of decoding, swapped into the decoding model by the functions that decode.
 
 The model files are the paper: plain ``nn.Linear`` maps, one attention formula. Decoding runs the
 same model one position at a time, and on a CPU a step is bound by its matrix-vector products, so
-the functions that decode (greedy and beam search, ``generate``, the Completer) transform the model
-from outside for the time they decode, and put it back after (gpt-fast's rule):
+the functions that decode (greedy and beam search, ``generate``, the Completer) decode on a copy of
+the model's modules made for the generation (:func:`~qkv.accel.swap.decoding_copy`: every weight is
+the model's own) in which the step's linear maps are swapped for faster ones; the model itself is
+never changed (gpt-fast's rule):
 
-- :func:`decoding`: the caches, and the weights of the products every step runs laid out for the
-  kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL (or OpenBLAS)
-  with the weight as ``nn.Linear`` keeps it, (out, in). Three other layouts can beat it: the weight's
-  memory laid out (in, out) (:func:`transpose_weight`, "transposed": faster than the default for
-  some shapes of one-row products on an AMD EPYC, slower for others); oneDNN's packed weights
-  (:class:`PackedLinear`), which ran batch-1 products faster than MKL on one AMD EPYC and slower on an
-  Intel Xeon; and MKL's own packed weights (``cblas_sgemm_pack``, the GEMM CTranslate2 runs on Intel
-  CPUs, which PyTorch reaches as ``torch.ops.mkl._mkl_linear``), which won the 8-row products of a GPT
-  step on that Xeon (the figures: docs/BENCHMARKS.md, "The figures behind the decoding rules"). So no
-  kernel is assumed: :func:`choose` times the step's own linear maps on each kernel the first time a
-  shape (rows, in, out) is needed on a machine, and keeps each shape's winner in the user
-  cache (``kernels.json``, keyed by the CPU, torch version and thread count). ``pack_weights`` then
-  lays out each linear map a step runs (:func:`step_linears`) where another kernel than the default
-  won: its weight's memory transposed, or its ``forward`` replaced by a packed kernel's (which takes
-  ``F.linear`` for products it does not hold for: a prompt's prefill, other row counts, autograd, a
-  weight changed since). The results are ``F.linear``'s up to fp32 rounding (another summation
-  order), whichever is chosen.
-- :func:`compiled_linear`: what a linear map becomes inside a compiled decoding step
+- :func:`decoding_model`: the decoding copy, its caches, and the linear maps every step runs swapped for
+  modules of the kernel that is fastest for them on this CPU. PyTorch's ``F.linear`` sends fp32 to MKL
+  (or OpenBLAS) with the weight as ``nn.Linear`` keeps it, (out, in). Three other layouts can beat it:
+  the weight's values laid out (in, out) in memory (:class:`TransposedLinear`, "transposed": faster
+  than the default for some shapes of one-row products on an AMD EPYC, slower for others); oneDNN's
+  packed weights (:class:`PackedLinear`), which ran batch-1 products faster than MKL on one AMD EPYC
+  and slower on an Intel Xeon; and MKL's own packed weights (``cblas_sgemm_pack``, the GEMM
+  CTranslate2 runs on Intel CPUs, which PyTorch reaches as ``torch.ops.mkl._mkl_linear``), which won
+  the 8-row products of a GPT step on that Xeon (the figures: docs/BENCHMARKS.md, "The figures behind
+  the decoding rules"). So no kernel is assumed: :func:`choose` times the step's own linear maps on
+  each kernel the first time a shape (rows, in, out) is needed on a machine, and keeps each shape's
+  winner in the user cache (``kernels.json``, keyed by the CPU, torch version and thread count).
+  :func:`pack_weights` then swaps each linear map a step runs (:func:`step_linears`) where another
+  kernel than the default won (:func:`lay_out`). A packed kernel serves its row count and takes
+  ``F.linear`` for other products (a prompt's prefill, other row counts). The results are
+  ``F.linear``'s up to fp32 rounding (another summation order), whichever is chosen.
+- :func:`compiled_linear`: what a linear map computes inside a compiled decoding step
   (qkv.accel.compiled).
 
 Where no weight is laid out anew: training (oneDNN builds a kernel for every new row count, and
@@ -35,19 +36,19 @@ measuring (a packed kernel only where this PyTorch has it); the default, ``auto`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.accel.swap import decoding_copy, swap_modules
 from qkv.devices import cpu_identity
 from qkv.files import user_cache, write_json
 from qkv.models.kinds import kind_of
@@ -61,7 +62,7 @@ _mkl_pack = getattr(torch.ops.mkl, "_mkl_reorder_linear_weight", None)
 # F.linear on (out, in) memory, on (in, out) memory, MKL packed, oneDNN packed: the order of preference
 # where timings are close (see CLOSE)
 KERNELS = ("aten", "transposed", "mkl", "onednn")
-PACKED = ("mkl", "onednn")  # the kernels that replace a linear map's forward with a PackedLinear
+PACKED = ("mkl", "onednn")  # the kernels of a PackedLinear
 _BACKENDS = ("auto", *KERNELS)
 _backend = os.environ.get("QKV_LINEAR", "auto")
 if _backend not in _BACKENDS:
@@ -174,11 +175,11 @@ def _machine_choices(key: str) -> dict[str, str]:
 def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, float]]:
     """Seconds per ``rows``-row product of each shape among ``linears`` (``"in,out"``), for each kernel
     this PyTorch runs (:func:`_kernels`): ``F.linear`` on the weight as ``nn.Linear`` keeps it ("aten")
-    and on the same values laid out (in, out) in memory ("transposed", :func:`transpose_weight`), and
+    and on the same values laid out (in, out) in memory ("transposed", :class:`TransposedLinear`), and
     oneDNN's and MKL's packed weights.
 
     Timed as a decoding step runs them: ``linears`` are the step's own linear maps (:func:`step_linears`),
-    laid out for one kernel at a time (:func:`lay_out`) and called in turn on random inputs, each call
+    laid out for one kernel at a time (:func:`lay_out`'s modules) and called in turn on random inputs, each call
     timed; a shape's time is the sum over its maps, so a step's share of each is what decides. The
     step's own weights, in the step's order, are what a step streams through the caches: timings of
     one shape alone, on copies of random weights, chose kernels that made the steps of an Intel Xeon
@@ -187,15 +188,15 @@ def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, floa
     (the step finds its weights where the last one left them); medians. The rounds are long because
     short ones mislead: the transposed and packed kernels reach their speed only after milliseconds
     of running (timed for a couple of milliseconds, that Xeon's 8-row products chose ``F.linear``, which
-    those beat by far). The maps are left as they were.
+    those beat by far). ``linears`` are left as they are.
     """
     g = torch.Generator().manual_seed(0)
     xs = {n: torch.empty(rows, 1, n).uniform_(-1, 1, generator=g) for n in {m.in_features for m in linears}}
     shapes = [f"{m.in_features},{m.out_features}" for m in linears]
     times: dict[str, dict[str, list[float]]] = {kernel: {shape: [] for shape in shapes} for kernel in _kernels()}
 
-    def sweep(total: dict[str, float]) -> None:
-        for m, shape in zip(linears, shapes):
+    def sweep(maps: list[nn.Module], total: dict[str, float]) -> None:
+        for m, shape in zip(maps, shapes):
             t0 = time.perf_counter()
             m(xs[m.in_features])
             total[shape] += time.perf_counter() - t0
@@ -203,18 +204,13 @@ def measure(linears: Sequence[nn.Linear], rows: int) -> dict[str, dict[str, floa
     with torch.no_grad():
         for _ in range(ROUNDS):
             for kernel, by_shape in times.items():
-                for m in linears:
-                    lay_out(m, kernel, rows)
-                try:
-                    t0 = time.perf_counter()
-                    sweep(dict.fromkeys(shapes, 0.0))  # untimed (and oneDNN builds its kernels)
-                    reps = max(1, int(ROUND_SECONDS / max(time.perf_counter() - t0, 1e-7)))
-                    total = dict.fromkeys(shapes, 0.0)
-                    for _ in range(reps):
-                        sweep(total)
-                finally:
-                    for m in linears:
-                        restore(m)
+                maps = [lay_out(m, kernel, rows) for m in linears]
+                t0 = time.perf_counter()
+                sweep(maps, dict.fromkeys(shapes, 0.0))  # untimed (and oneDNN builds its kernels)
+                reps = max(1, int(ROUND_SECONDS / max(time.perf_counter() - t0, 1e-7)))
+                total = dict.fromkeys(shapes, 0.0)
+                for _ in range(reps):
+                    sweep(maps, total)
                 for shape, seconds in total.items():
                     by_shape[shape].append(seconds / reps)
     return {shape: {kernel: statistics.median(by_shape[shape]) for kernel, by_shape in times.items()}
@@ -259,59 +255,63 @@ def forget_choices() -> None:
     _choices.clear()
 
 
-class PackedLinear:
-    """The ``forward`` of an ``nn.Linear`` while it is packed: a packed kernel (:data:`PACKED`) on its
-    weight laid out for ``rows``-row products.
+def linear_like(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
+    """A ``cls`` (a subclass of ``nn.Linear``) with ``linear``'s own weight and bias, no other allocated."""
+    with torch.device("meta"):
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    new.weight, new.bias = linear.weight, linear.bias  # the same Parameters: nothing copied
+    return new
+
+
+class PackedLinear(nn.Linear):
+    """A linear map of a decoding copy whose weight is also packed for a packed kernel (:data:`PACKED`) and
+    ``rows``-row products: :meth:`of` an ``nn.Linear``, which it stands for.
 
     oneDNN builds a kernel for each row count it sees and keeps it. When a beam search's batch shrinks
     as sentences finish, every new count cost time and memory: translating a test set grew the process
     by hundreds of MB. One row count per generation keeps that to one kernel per weight; other counts take
-    ``F.linear`` (MKL's packing holds for its row count only). The packed weight is a second copy, used
-    only while the weight is unchanged (its version counter is checked on every call; an inference
-    tensor, made under ``torch.inference_mode``, keeps none).
+    ``F.linear`` (MKL's packing holds for its row count only), as do autograd and autocast. The packed
+    weight is a second copy, made for the generation the copy serves, while the weight does not change.
     """
 
-    def __init__(self, module: nn.Linear, rows: int, kernel: str = "onednn") -> None:
-        self.module, self.rows, self.kernel = module, rows, kernel
-        w = module.weight.detach()
-        self.version = None if w.is_inference() else w._version
-        self.product = _packed_product(kernel, w.contiguous(), rows)
+    rows: int
+    kernel: str
 
-    def __call__(self, x: Tensor) -> Tensor:
-        m = self.module
-        weight, bias = m.weight, m.bias
-        if (self.version is None or self.version == weight._version) and x.numel() == self.rows * x.shape[-1] \
-                and x.dtype == weight.dtype and x.device == weight.device and _lays_out(weight) \
-                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    @classmethod
+    def of(cls, linear: nn.Linear, rows: int, kernel: str = "onednn") -> PackedLinear:
+        new = linear_like(cls, linear)
+        new.rows, new.kernel = rows, kernel
+        new.product = _packed_product(kernel, linear.weight.detach().contiguous(), rows)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self.weight, self.bias
+        if x.numel() == self.rows * x.shape[-1] and x.dtype == weight.dtype and x.device == weight.device \
+                and _lays_out(weight) and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
             return self.product(x, bias)
         return F.linear(x, weight, bias)
 
 
-_OUT_IN = "_qkv_out_in"  # where a transposed linear map keeps its weight's own (out, in) memory
-
-
-def transpose_weight(module: nn.Linear) -> None:
-    """Lay ``module.weight`` out in memory as (in, out): the same values and shape, other strides.
+class TransposedLinear(nn.Linear):
+    """A linear map of a decoding copy that multiplies by its weight's values laid out (in, out) in memory:
+    the same values and shape, other strides (:meth:`of` an ``nn.Linear``, whose weight it keeps too).
 
     ``F.linear`` multiplies by the weight's transpose, which is then a contiguous (in, out) matrix, the
-    layout MKL streams faster for some shapes (:func:`measure`). Nothing wraps the module (a wrapper's
-    Python cost a GPT step as much as the layout saved): its own ``forward`` runs, for
-    every row count, with autograd as ever. :func:`restore_weight` puts the memory back.
+    layout MKL streams faster for some shapes (:func:`measure`). Its forward is ``nn.Linear``'s with the
+    other memory, for every row count; autograd takes the weight itself, so that a gradient reaches it. The
+    values are a copy, made for the generation the decoding copy serves, while the weight does not change.
     """
-    w = module.weight
-    module.__dict__[_OUT_IN] = (w.data, None if w.is_inference() else w._version)
-    w.data = w.detach().t().contiguous().t()  # (out, in) values, (in, out) memory
 
+    @classmethod
+    def of(cls, linear: nn.Linear) -> TransposedLinear:
+        new = linear_like(cls, linear)
+        new.weight_in_out = linear.weight.detach().t().contiguous().t()  # (out, in) values, (in, out) memory
+        return new
 
-def restore_weight(module: nn.Module) -> None:
-    """The weight's own (out, in) memory again, holding any change made to it while it was transposed."""
-    kept = module.__dict__.pop(_OUT_IN, None)
-    if kept is not None:
-        original, version = kept
-        w = module.weight
-        if version is None or w._version != version:
-            original.copy_(w.data)
-        w.data = original
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight_in_out, self.bias)
 
 
 def step_linears(model: nn.Module) -> list[nn.Linear]:
@@ -321,61 +321,39 @@ def step_linears(model: nn.Module) -> list[nn.Linear]:
     reads the keys and values of its cache.
     """
     return [m for part in kind_of(model).step_parts(model) for name, m in part.named_modules()
-            if type(m) is nn.Linear and not name.endswith("kv_proj")]
+            if isinstance(m, nn.Linear) and not name.endswith("kv_proj")]
 
 
-def lay_out(module: nn.Linear, kernel: str, rows: int) -> None:
-    """Lay ``module``'s weight out for ``kernel`` (one of :data:`KERNELS`) and ``rows``-row products:
-    its ``forward`` a :class:`PackedLinear`, or its memory transposed; ``"aten"`` leaves it as it is."""
+def lay_out(linear: nn.Linear, kernel: str, rows: int) -> nn.Linear:
+    """The module that computes ``linear`` on ``kernel`` (one of :data:`KERNELS`) for ``rows``-row products: a
+    :class:`PackedLinear` or a :class:`TransposedLinear`; ``linear`` itself for ``"aten"``."""
     if kernel in PACKED:
-        module.forward = PackedLinear(module, rows, kernel)
-    elif kernel == "transposed":
-        transpose_weight(module)
+        return PackedLinear.of(linear, rows, kernel)
+    if kernel == "transposed":
+        return TransposedLinear.of(linear)
+    return linear
 
 
-def pack_weights(model: nn.Module, rows: int) -> None:
-    """Lay the weights of ``model``'s decoding steps out for ``rows``-row products, where another kernel
-    runs them faster than ``F.linear`` (:func:`choose`)."""
+def pack_weights(model: nn.Module, rows: int) -> nn.Module:
+    """Swap the linear maps of ``model``'s decoding steps (``model``: a decoding copy) for modules laid out for
+    ``rows``-row products, where another kernel runs them faster than ``F.linear`` (:func:`choose`). Returns
+    ``model``."""
     linears = [m for m in step_linears(model) if _lays_out(m.weight)]
-    for m, kernel in zip(linears, choose(linears, rows)):
-        lay_out(m, kernel, rows)
+    laid_out = {id(m): lay_out(m, kernel, rows) for m, kernel in zip(linears, choose(linears, rows))}
+    return swap_modules(model, lambda m: laid_out.get(id(m)))
 
 
-def restore(module: nn.Module) -> None:
-    """``module`` as :func:`lay_out` found it: ``nn.Linear``'s own forward, its weight in its own memory."""
-    if isinstance(module.__dict__.get("forward"), PackedLinear):
-        del module.forward
-    restore_weight(module)
-
-
-def unpack_weights(model: nn.Module) -> None:
-    """Free the packed weights: every linear map is ``nn.Linear``'s own again, its weight in its own memory."""
-    for m in model.modules():
-        restore(m)
-
-
-def start_decoding(model: nn.Module, rows: int, max_len: int, packed: bool = True) -> None:
-    """Caches for ``rows`` rows of up to ``max_len`` positions and (``packed``) the step's weights laid out
-    for ``rows``-row products; :func:`end_decoding` removes both."""
-    model.setup_cache(rows, max_len)
-    if packed:
-        pack_weights(model, rows)
-
-
-def end_decoding(model: nn.Module) -> None:
-    """The model as it was before :func:`start_decoding`: no caches, its own linear maps."""
-    model.clear_cache()
-    unpack_weights(model)
-
-
-@contextlib.contextmanager
-def decoding(model: nn.Module, rows: int, max_len: int, packed: bool = True) -> Iterator[nn.Module]:
-    """:func:`start_decoding` for the time of the block, :func:`end_decoding` after it."""
-    start_decoding(model, rows, max_len, packed)
-    try:
-        yield model
-    finally:
-        end_decoding(model)
+def decoding_model(model: nn.Module, rows: int | None = None, max_len: int | None = None,
+                   packed: bool = True) -> nn.Module:
+    """The model a generation of ``model`` decodes on: a :func:`~qkv.accel.swap.decoding_copy` (eval mode, every
+    tensor ``model``'s own), with caches for ``rows`` rows of up to ``max_len`` positions (none where ``rows`` is
+    None: a generation that recomputes every prefix) and (``packed``) its step's linear maps laid out for
+    ``rows``-row products (:func:`pack_weights`). ``model`` is not changed; the caches go with the copy."""
+    twin = decoding_copy(model)
+    if rows is None:
+        return twin
+    twin.setup_cache(rows, max_len)
+    return pack_weights(twin, rows) if packed else twin
 
 
 def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -392,6 +370,5 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
 
 
 __all__ = ["KERNELS", "PACKED", "MARGIN", "CLOSE", "set_backend", "backend", "available", "cache_path",
-           "machine", "measure", "choose", "forget_choices", "PackedLinear", "transpose_weight",
-           "restore_weight", "step_linears", "lay_out", "restore", "pack_weights", "unpack_weights",
-           "start_decoding", "end_decoding", "decoding", "compiled_linear"]
+           "machine", "measure", "choose", "forget_choices", "linear_like", "PackedLinear", "TransposedLinear", "step_linears",
+           "lay_out", "pack_weights", "decoding_model", "compiled_linear"]

@@ -45,11 +45,12 @@ import torch
 from torch import Tensor, nn
 
 from qkv.errors import ConfigError, DataError
-from qkv.accel.compiled import INDUCTOR_OPTIONS, CompiledStep, caches_of, check_can_compile
-from qkv.accel.kernels import end_decoding, start_decoding, step_linears
+from qkv.accel.compiled import INDUCTOR_OPTIONS, CompiledStep, SlotCache, caches_of, check_can_compile
+from qkv.accel.kernels import decoding_model, step_linears
 from qkv.devices import cpu_identity
 from qkv.files import atomic_path, user_cache
 from qkv.models import GPT
+from qkv.modules.attention import SelfAttention
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.
 FORMAT = 2
@@ -132,16 +133,20 @@ def find(model: nn.Module, batch: int = 1) -> Path | None:
 class _Step(nn.Module):
     """The step with every input explicit, as the package runs it: the tokens, their positions, the key mask
     over the slots written so far (its length, ``span``, is the one size that varies from step to step), the
-    cache slot, and each self-attention cache's keys and values, which the step writes at the slot."""
+    cache slot, and each self-attention cache's keys and values, which the step writes at the slot.
+
+    ``model``: a compiled step's model (``CompiledStep.model``), its own: each of its self-attentions is given
+    a cache over the keys and values passed in, the inputs export traces."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.attentions = [m for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, slot: Tensor, *kv: Tensor) -> Tensor:
         span = mask.shape[-1]  # mask (B, 1, 1, span): attention reads the first span slots, not all of them
-        for cache, k, v in zip(caches_of(self.model), kv[0::2], kv[1::2]):  # the SlotCaches of a CompiledStep
-            cache.k, cache.v, cache.slot, cache.span = k, v, slot, span  # (B, H, L + 1, d_k | d_v) each
+        for attention, k, v in zip(self.attentions, kv[0::2], kv[1::2]):  # k, v: (B, H, L + 1, d_k | d_v)
+            attention.cache = SlotCache(k, v, slot, span=span)
         return self.model(tokens, mask=mask, positions=positions)  # (B, 1, V)
 
 
@@ -162,32 +167,26 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
     from torch._inductor import aoti_compile_and_package  # here only: seconds to import, which loading never pays
     t0 = time.perf_counter()
     max_len = model.cfg.max_len
-    start_decoding(model, batch, cache_slots(model), packed=False)
-    try:
-        step = CompiledStep(model, torch.ones(batch, 1, dtype=torch.bool))  # the transformation only
-        try:
-            kv = [t for c in caches_of(model) for t in (c.k, c.v)]
-            # The mask contiguous, as LoadedStep passes it: the package's code takes the example's strides
-            # (a view of `visible` would have rows max_len + 1 apart, where the step's are span apart).
-            mask = step.visible[:, None, None, :max_len].contiguous()  # (B, 1, 1, span)
-            example = (torch.zeros(batch, 1, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long), mask,
-                       step.slot, *kv)
-            # Every size fixed but the span: from the first step after a one-token prompt to max_len.
-            span = {3: torch.export.Dim("span", min=2, max=max_len)}
-            with warnings.catch_warnings():  # torch's own deprecations inside export, nothing the user can act on
-                warnings.simplefilter("ignore", FutureWarning)
-                exported = torch.export.export(_Step(model), example, strict=False,
-                                               dynamic_shapes=(None, None, span, None, tuple(None for _ in kv)))
-        finally:
-            step.close()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp, warnings.catch_warnings():  # a package is there whole or not at all
-            warnings.simplefilter("ignore", FutureWarning)
-            built = aoti_compile_and_package(exported, package_path=str(tmp) + ".pt2",
-                                             inductor_configs=dict(PACKAGE_OPTIONS))
-            os.replace(built, tmp)
-    finally:
-        end_decoding(model)
+    twin = decoding_model(model, batch, cache_slots(model), packed=False)
+    step = CompiledStep(twin, torch.ones(batch, 1, dtype=torch.bool))  # its step model, not compiled here
+    kv = [t for c in caches_of(step.model) for t in (c.k, c.v)]
+    # The mask contiguous, as LoadedStep passes it: the package's code takes the example's strides
+    # (a view of `visible` would have rows max_len + 1 apart, where the step's are span apart).
+    mask = step.visible[:, None, None, :max_len].contiguous()  # (B, 1, 1, span)
+    example = (torch.zeros(batch, 1, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long), mask,
+               step.slot, *kv)
+    # Every size fixed but the span: from the first step after a one-token prompt to max_len.
+    span = {3: torch.export.Dim("span", min=2, max=max_len)}
+    with warnings.catch_warnings():  # torch's own deprecations inside export, nothing the user can act on
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = torch.export.export(_Step(step.model), example, strict=False,
+                                       dynamic_shapes=(None, None, span, None, tuple(None for _ in kv)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, warnings.catch_warnings():  # a package is there whole or not at all
+        warnings.simplefilter("ignore", FutureWarning)
+        built = aoti_compile_and_package(exported, package_path=str(tmp) + ".pt2",
+                                         inductor_configs=dict(PACKAGE_OPTIONS))
+        os.replace(built, tmp)
     _clear_background_build(path)
     prune(path.parent, PACKAGES_KEPT)
     return path, time.perf_counter() - t0
@@ -339,8 +338,7 @@ class LoadedStep(CompiledStep):
         self.slot.fill_(slot)
         self.visible[:, slot] = True
         mask = self.visible[:, None, None, :slot + 1].contiguous()  # (B, 1, 1, span): the slots written so far
-        loader = self.forward  # what compile() gave: the package's step
-        return loader.run([tokens, positions, mask, self.slot, *self.kv])[0]
+        return self.run.run([tokens, positions, mask, self.slot, *self.kv])[0]  # run: the package's loader
 
 
 __all__ = ["FORMAT", "PACKAGE_OPTIONS", "PACKAGES_KEPT", "BACKGROUND_ENV", "BACKGROUND_TIMEOUT", "digest", "package_path", "cache_slots",

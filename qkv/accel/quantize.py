@@ -23,6 +23,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from qkv.accel.swap import swap_modules
 from qkv.errors import ConfigError
 from qkv.devices import model_device
 
@@ -54,11 +55,8 @@ def quantized(model: nn.Module, kind: str = "int8") -> nn.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|torch\.quantize_per).*deprecated")
         quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8)
-    for parent in list(quantized.modules()):
-        for name, child in list(parent.named_children()):
-            if Int8Linear.calls_the_kernel_of(child):
-                setattr(parent, name, Int8Linear(child))  # a module swap, as LoRA's: the copy is decoding's own
-    return quantized
+    # A module swap, as LoRA's: the copy is decoding's own.
+    return swap_modules(quantized, lambda m: Int8Linear(m) if Int8Linear.calls_the_kernel_of(m) else None)
 
 
 class Int8Linear(nn.Module):

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from qkv.config import ALPHA, BEAM, EXTRA
 from qkv.errors import ConfigError
-from qkv.accel.kernels import end_decoding, start_decoding
+from qkv.accel.kernels import decoding_model
 from qkv.modules.attention import padding_mask
 
 
@@ -188,44 +188,38 @@ def greedy_search(model, src: Tensor, bos_id: int, eos_id: int, extra: int = EXT
     Returns:
         For each source, the generated ids without ``<bos>`` and ``<eos>``.
     """
-    was_training = model.training
-    model.eval()
     b = src.shape[0]
-    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
-    memory = model.encode(src, src_mask)  # (B, S, D)
     limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
     steps = int(limits.max()) if b else 0
+    # The decoding model: a copy in eval mode that shares the model's weights, with caches for b rows and the
+    # step's weights laid out for them (qkv.accel.kernels.decoding_model); the model itself is not changed.
+    decoder = decoding_model(model, b if use_cache else None, steps + 1)
+    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
+    memory = decoder.encode(src, src_mask)  # (B, S, D)
     alive = torch.arange(b, device=src.device)  # the original rows still decoding
     tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (N, t + 1)
     log: list[tuple[Tensor, Tensor]] = []  # per step, the rows decoding and their tokens: read back once, after
     first_limit = int(limits.min()) if b else 0  # before this step no row is at its limit
-    try:
+    for t in range(steps + 1):  # t tokens generated so far
         if use_cache:
-            start_decoding(model, b, steps + 1)
-        for t in range(steps + 1):  # t tokens generated so far
+            logits = decoder.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N, V)
+        else:
+            logits = decoder.decode(tokens, memory, src_mask)[:, -1]  # (N, V)
+        if t >= first_limit:
+            logits = _only_eos(logits, limits[alive] <= t, eos_id)
+        nxt = logits.argmax(dim=-1)  # (N,)
+        log.append((alive, nxt))
+        ended = nxt == eos_id
+        n_ended = int(ended.sum())  # the step's one read from the device
+        if n_ended == ended.shape[0]:
+            break
+        if n_ended:
+            keep = _survivors(ended)  # (N',)
+            alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
+            memory = memory[keep]
             if use_cache:
-                logits = model.decode(tokens[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N, V)
-            else:
-                logits = model.decode(tokens, memory, src_mask)[:, -1]  # (N, V)
-            if t >= first_limit:
-                logits = _only_eos(logits, limits[alive] <= t, eos_id)
-            nxt = logits.argmax(dim=-1)  # (N,)
-            log.append((alive, nxt))
-            ended = nxt == eos_id
-            n_ended = int(ended.sum())  # the step's one read from the device
-            if n_ended == ended.shape[0]:
-                break
-            if n_ended:
-                keep = _survivors(ended)  # (N',)
-                alive, tokens, nxt, src_mask = alive[keep], tokens[keep], nxt[keep], src_mask[keep]
-                memory = memory[keep]
-                if use_cache:
-                    model.reorder_cache(keep, sources=keep)
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-    finally:
-        if use_cache:
-            end_decoding(model)
-        model.train(was_training)
+                decoder.reorder_cache(keep, sources=keep)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
     return _greedy_outputs(log, b, eos_id)
 
 
@@ -264,13 +258,13 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
     check_alpha(alpha)
     if not 1 <= n_best <= beam_size:
         raise ConfigError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-    was_training = model.training
-    model.eval()
     b, k, device = src.shape[0], beam_size, src.device
-    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
-    memory = model.encode(src, src_mask)  # (B, S, D)
     limits = max_new_tokens(src, model.cfg.pad_id, model.cfg.max_len, extra, limit)  # (B,)
     steps = int(limits.max()) if b else 0
+    # The decoding model, as greedy search's, with caches for the b * k rows of the beams.
+    decoder = decoding_model(model, b * k if use_cache else None, steps + 1)
+    src_mask = padding_mask(src, model.cfg.pad_id)  # (B, 1, 1, S)
+    memory = decoder.encode(src, src_mask)  # (B, S, D)
     # Every sentence has k rows, one per hypothesis: row i * k + j is hypothesis j of sentence i. The
     # k rows share one copy of the source (memory and src_mask stay (B, ...)): cross-attention lets
     # consecutive groups of k rows attend to one row of memory, so its keys and values are computed
@@ -288,70 +282,63 @@ def beam_search(model, src: Tensor, bos_id: int, eos_id: int, beam_size: int = B
     best_finished = torch.full((b, n_best), float("-inf"), dtype=torch.float64, device=device)  # (N, n_best)
     log: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
     first_limit = int(limits.min()) if b else 0  # before this step no sentence is at its limit
-    try:
+    if use_cache:  # the first step decodes one row per sentence (see below)
+        decoder.reorder_cache(torch.arange(b, device=device))
+    for t in range(steps + 1):  # t tokens generated so far
+        n = sentences.shape[0]
+        # At first all k hypotheses of a sentence are the same empty one: decode it once and score
+        # its continuations for every row; the cache reorder after the step copies its past to
+        # the sentence's k rows.
+        step = tokens[::k] if t == 0 else tokens  # (N, t + 1) at first, then (N * K, t + 1)
         if use_cache:
-            start_decoding(model, b * k, steps + 1)
-            # The first step decodes one row per sentence (see below).
-            model.reorder_cache(torch.arange(b, device=device))
-        for t in range(steps + 1):  # t tokens generated so far
-            n = sentences.shape[0]
-            # At first all k hypotheses of a sentence are the same empty one: decode it once and score
-            # its continuations for every row; the cache reorder after the step copies its past to
-            # the sentence's k rows.
-            step = tokens[::k] if t == 0 else tokens  # (N, t + 1) at first, then (N * K, t + 1)
-            if use_cache:
-                logits = model.decode(step[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N or N * K, V)
-            else:
-                logits = model.decode(step, memory, src_mask)[:, -1]  # (N or N * K, V)
-            if t == 0:
-                logits = logits.repeat_interleave(k, dim=0)  # (N * K, V)
-            at_limit = limits[sentences] <= t  # (N,)
-            logits = logits.float()
-            logp = torch.log_softmax(logits, dim=-1, out=logits)  # in place: the logits are ours, 2 MB less to touch
-            if t >= first_limit:
-                logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
-            vocab = logp.shape[-1]
-            # 2k candidates: even if k of them end with <eos>, k others can continue.
-            top_scores, from_beam, top_tokens = _best_continuations(
-                logp.view(n, k, vocab), scores, min(2 * k, k * vocab))  # (N, 2K) each
-            is_eos = top_tokens == eos_id
-            # <eos> among the k best candidates finishes a hypothesis.
-            ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (N, K)
-            log.append((t, ends, top_scores[:, :k], from_beam[:, :k], sentences, tokens))
-            lp = length_penalty(t + 1, alpha)
-            # The finished scores in float64 (as Hypothesis.score is computed), the n_best best kept.
-            ended = (top_scores[:, :k].double() / lp).masked_fill(~ends, float("-inf"))  # (N, K)
-            best_finished = torch.cat([best_finished, ended], dim=1).topk(n_best, dim=1).values  # (N, n_best)
-            # The k best candidates that do not end continue.
-            alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=-1)  # (N, K)
-            # Done: n_best have finished and none of them would lose to the best growing hypothesis,
-            # were it to end now (with beam 1 this is exactly when greedy search stops).
-            kth_finished = best_finished[:, -1].float()  # (N,)
-            done = at_limit | (torch.isfinite(kth_finished) & (kth_finished >= alive_scores[:, 0] / lp))
-            n_done = int(done.sum())  # the step's one read from the device
-            if n_done == n:
-                break
-            beams = from_beam.gather(1, pick)  # (N, K)
-            order = _stay_in_place(beams)  # (N, K): most hypotheses stay in their parent's row
-            pick = pick.gather(1, order)
-            beams, alive_scores = beams.gather(1, order), alive_scores.gather(1, order)  # (N, K)
-            next_tokens = top_tokens.gather(1, pick)  # (N, K)
-            if n_done:  # sentences leave: their rows, scores and sources go
-                keep = _survivors(done)  # (N',)
-                beams, next_tokens, alive_scores = beams[keep], next_tokens[keep], alive_scores[keep]
-                sentences, best_finished = sentences[keep], best_finished[keep]
-                src_mask = src_mask[keep]
-                memory = memory[keep] if not use_cache else None
-            parents = keep if n_done else torch.arange(n, device=device)  # (N',) the sentences that go on
-            rows = (parents[:, None] * k + beams).reshape(-1)  # (N' * K,) the rows the survivors extend
-            tokens = torch.cat([tokens[rows], next_tokens.reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
-            scores = alive_scores
-            if use_cache:  # (the first step's cache has one row per sentence: row i of sentence i)
-                model.reorder_cache(rows // k if t == 0 else rows, sources=keep if n_done else None)
-    finally:
-        if use_cache:
-            end_decoding(model)
-        model.train(was_training)
+            logits = decoder.decode(step[:, -1:], memory if t == 0 else None, src_mask)[:, -1]  # (N or N * K, V)
+        else:
+            logits = decoder.decode(step, memory, src_mask)[:, -1]  # (N or N * K, V)
+        if t == 0:
+            logits = logits.repeat_interleave(k, dim=0)  # (N * K, V)
+        at_limit = limits[sentences] <= t  # (N,)
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1, out=logits)  # in place: the logits are ours, 2 MB less to touch
+        if t >= first_limit:
+            logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
+        vocab = logp.shape[-1]
+        # 2k candidates: even if k of them end with <eos>, k others can continue.
+        top_scores, from_beam, top_tokens = _best_continuations(
+            logp.view(n, k, vocab), scores, min(2 * k, k * vocab))  # (N, 2K) each
+        is_eos = top_tokens == eos_id
+        # <eos> among the k best candidates finishes a hypothesis.
+        ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (N, K)
+        log.append((t, ends, top_scores[:, :k], from_beam[:, :k], sentences, tokens))
+        lp = length_penalty(t + 1, alpha)
+        # The finished scores in float64 (as Hypothesis.score is computed), the n_best best kept.
+        ended = (top_scores[:, :k].double() / lp).masked_fill(~ends, float("-inf"))  # (N, K)
+        best_finished = torch.cat([best_finished, ended], dim=1).topk(n_best, dim=1).values  # (N, n_best)
+        # The k best candidates that do not end continue.
+        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=-1)  # (N, K)
+        # Done: n_best have finished and none of them would lose to the best growing hypothesis,
+        # were it to end now (with beam 1 this is exactly when greedy search stops).
+        kth_finished = best_finished[:, -1].float()  # (N,)
+        done = at_limit | (torch.isfinite(kth_finished) & (kth_finished >= alive_scores[:, 0] / lp))
+        n_done = int(done.sum())  # the step's one read from the device
+        if n_done == n:
+            break
+        beams = from_beam.gather(1, pick)  # (N, K)
+        order = _stay_in_place(beams)  # (N, K): most hypotheses stay in their parent's row
+        pick = pick.gather(1, order)
+        beams, alive_scores = beams.gather(1, order), alive_scores.gather(1, order)  # (N, K)
+        next_tokens = top_tokens.gather(1, pick)  # (N, K)
+        if n_done:  # sentences leave: their rows, scores and sources go
+            keep = _survivors(done)  # (N',)
+            beams, next_tokens, alive_scores = beams[keep], next_tokens[keep], alive_scores[keep]
+            sentences, best_finished = sentences[keep], best_finished[keep]
+            src_mask = src_mask[keep]
+            memory = memory[keep] if not use_cache else None
+        parents = keep if n_done else torch.arange(n, device=device)  # (N',) the sentences that go on
+        rows = (parents[:, None] * k + beams).reshape(-1)  # (N' * K,) the rows the survivors extend
+        tokens = torch.cat([tokens[rows], next_tokens.reshape(-1, 1)], dim=1)  # (N' * K, t + 2)
+        scores = alive_scores
+        if use_cache:  # (the first step's cache has one row per sentence: row i of sentence i)
+            decoder.reorder_cache(rows // k if t == 0 else rows, sources=keep if n_done else None)
     finished = _finished_hypotheses(log, b, k, alpha)
     lost = [i for i, hyps in enumerate(finished) if not hyps]
     if lost:  # every candidate scored NaN: nothing to rank

@@ -9,7 +9,6 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -17,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from qkv.accel.compiled import CompiledStep
-from qkv.accel.kernels import decoding
+from qkv.accel.kernels import decoding_model
 from qkv.accel.precompiled import LoadedStep, cache_slots
 from qkv.config import TEMPERATURE
-from qkv.generation.policy import Step, StepPolicy
+from qkv.generation.policy import Step, StepPolicy, looked_at
 from qkv.generation.sampling import check_sampling_args, next_token
 
 
@@ -71,7 +70,8 @@ def generate(
         compile: how the steps after the prompt run (:class:`~qkv.generation.policy.StepPolicy`). None, the default
             of every caller: a step compiled ahead of time where one was built for this model and batch size,
             torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
-            prompt's steps compiled (faster steps on a CPU, after seconds of compiling); False: eager.
+            prompt's steps compiled (faster steps on a CPU, after seconds of compiling); False: eager. A model
+            with a hook on a module (``heads_off``) or inside ``capture_attention`` decodes eagerly.
         sliding_window: one prompt, which with its continuation may exceed the context: the model sees the
             last ``max_len`` tokens, and once the window is full each step recomputes it (nanoGPT's crop;
             learned positions cannot be shifted inside a cache).
@@ -107,9 +107,10 @@ def generate(
     elif step.rows != b or (step.how != "eager" and not use_cache):
         raise ValueError(f"the {step.how} step was chosen for {step.rows} prompt(s) with a cache, and this "
                          f"generation has {b}{'' if use_cache else ' without a cache'}: choose the step for it")
+    elif step.how != "eager" and looked_at(model):
+        raise ValueError(f"the {step.how} step runs no hooks and reports no attention, and this model has a hook or "
+                         "its attention is captured: choose the step with them in place (StepPolicy.choose)")
     how = step.how
-    was_training = model.training
-    model.eval()
     padded = not bool(real.all())
     key_mask = real  # (B, L) grows by one column per step
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
@@ -117,55 +118,49 @@ def generate(
     steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
     running: CompiledStep | LoadedStep | None = None  # the compiled or loaded step, once the prompt is prefilled
     cached = use_cache  # False: every step recomputes the prefix (use_cache=False, or a full sliding window)
-    try:
-        # The caches and, for eager steps, the weights laid out for b-row products; compiled steps use no
-        # packing. Both go when the block ends, as does the compiled step's transformation of the model.
-        # Compiled steps read caches of the model's whole context, as every generation of the process does:
-        # the graph is specialised to the caches' length, and one length lets later generations reuse it (a
-        # cache of `total` positions compiled anew, seconds, for every other length). A package's step was
-        # built for caches of cache_slots.
-        cache_len = {"loaded": cache_slots(model), "compiled": max_len}.get(how, min(total, max_len))
-        with decoding(model, b, cache_len, packed=how == "eager") if use_cache else contextlib.nullcontext():
-            seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
-            for i in range(max_new_tokens):
-                mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-                if running is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
-                    logits = running(step_in, step_pos, t + i - 1)
-                elif cached:  # prefill the prompt once, then feed one position per step
-                    logits = model(step_in, mask=mask, positions=step_pos if padded else None)
-                elif sliding_window:  # the window is full: the last `max_len` tokens, recomputed
-                    logits = model(seq[:, -max_len:])
-                else:  # recompute the whole prefix (slow; the reference the cache is tested against)
-                    later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
-                    all_pos = torch.cat([positions, later], 1)
-                    logits = model(seq, mask=mask, positions=all_pos if padded else None)
-                tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-                if eos_id is not None:
-                    tok = tok.masked_fill(done, pad_id)  # finished rows only pad
-                steps.append(tok)
-                if on_step is not None and on_step(tok):
-                    break
-                if eos_id is not None:
-                    done |= tok == eos_id
-                    if bool(done.all()):
-                        break
-                if not use_cache or sliding_window:  # what a recomputing step reads
-                    seq = torch.cat([seq, tok[:, None]], dim=1)
-                if cached and t + i == max_len:  # a sliding window's cache is full: recompute from here on
-                    model.clear_cache()
-                    if running is not None:
-                        running.close()
-                    running, cached = None, False
-                if cached:
-                    step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-                    if running is None and how != "eager":
-                        running = LoadedStep(model, real, step.package) if how == "loaded" else CompiledStep(model, real)
-                if padded and running is None:  # a compiled step keeps its own mask (CompiledStep.visible)
-                    key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
-    finally:
-        if running is not None:
-            running.close()
-        model.train(was_training)
+    # The decoding model: a copy of the model's modules in eval mode, sharing its weights (qkv.accel.swap), with
+    # the caches and, for eager steps, the weights laid out for b-row products; compiled steps use no packing
+    # and run a copy of their own (CompiledStep.model). The model itself is not changed.
+    # Compiled steps read caches of the model's whole context, as every generation of the process does: the
+    # graph is specialised to the caches' length, and one length lets later generations reuse it (a cache of
+    # `total` positions compiled anew, seconds, for every other length). A package's step was built for caches
+    # of cache_slots.
+    cache_len = {"loaded": cache_slots(model), "compiled": max_len}.get(how, min(total, max_len))
+    decoder = decoding_model(model, b if use_cache else None, cache_len, packed=how == "eager")
+    seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
+    for i in range(max_new_tokens):
+        mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
+        if running is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
+            logits = running(step_in, step_pos, t + i - 1)
+        elif cached:  # prefill the prompt once, then feed one position per step
+            logits = decoder(step_in, mask=mask, positions=step_pos if padded else None)
+        elif sliding_window:  # the window is full: the last `max_len` tokens, recomputed
+            logits = decoder(seq[:, -max_len:])
+        else:  # recompute the whole prefix (slow; the reference the cache is tested against)
+            later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
+            all_pos = torch.cat([positions, later], 1)
+            logits = decoder(seq, mask=mask, positions=all_pos if padded else None)
+        tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+        if eos_id is not None:
+            tok = tok.masked_fill(done, pad_id)  # finished rows only pad
+        steps.append(tok)
+        if on_step is not None and on_step(tok):
+            break
+        if eos_id is not None:
+            done |= tok == eos_id
+            if bool(done.all()):
+                break
+        if not use_cache or sliding_window:  # what a recomputing step reads
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+        if cached and t + i == max_len:  # a sliding window's cache is full: recompute from here on
+            decoder.clear_cache()
+            running, cached = None, False
+        if cached:
+            step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
+            if running is None and how != "eager":
+                running = LoadedStep(decoder, real, step.package) if how == "loaded" else CompiledStep(decoder, real)
+        if padded and running is None:  # a compiled step keeps its own mask (CompiledStep.visible)
+            key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps
         rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]

@@ -14,6 +14,11 @@ default (``compile=None``):
   a package would have run, the choice says so (``Step.build``), and ``qkv generate`` builds one in the background.
 
 ``compile=True`` asks for torch.compile's step (one prompt), ``compile=False`` for eager steps only.
+
+A model that something looks into (:func:`looked_at`: a hook on one of its modules, as
+``qkv.interpret.heads_off`` puts on W^O, or ``capture_attention`` open) decodes eagerly whatever ``compile``
+says short of True, which it refuses: a compiled graph runs no hook registered after it was compiled (the one
+graph serves every generation), a package runs none, and neither reports its attention.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from qkv.accel.compiled import check_can_compile, cpu_compiler_available
 from qkv.accel.kernels import step_linears
 from qkv.accel.precompiled import can_precompile, find, precompile
 from qkv.devices import model_device
+from qkv.modules.attention import attention_observer
 
 # From how many new tokens of one prompt a generation compiles its decoding step by default (on a CPU with a
 # C++ compiler): where the milliseconds it saves a token repay the seconds of compiling in a new process, warm
@@ -38,6 +44,13 @@ COMPILE_AFTER = 2048
 PRECOMPILED_AFTER = 32
 
 How = Literal["eager", "compiled", "loaded"]
+
+
+def looked_at(model: nn.Module) -> bool:
+    """Whether something looks into ``model``'s steps: a forward hook on one of its modules, or the observer of
+    ``capture_attention``. A compiled step would skip it (the module docstring)."""
+    return attention_observer.get() is not None or any(m._forward_hooks or m._forward_pre_hooks
+                                                        for m in model.modules())
 
 
 class Step(NamedTuple):
@@ -63,7 +76,15 @@ class StepPolicy:
     def choose(self, max_new_tokens: int, rows: int = 1) -> Step:
         """The step a generation of ``max_new_tokens`` for ``rows`` prompts runs. The package is looked for here,
         once (and at every call: one built meanwhile, by a background build, is found); the weights are hashed
-        at most once while they are unchanged (qkv.accel.precompiled.digest)."""
+        at most once while they are unchanged (qkv.accel.precompiled.digest).
+
+        Raises ``ValueError`` where ``compile=True`` meets a model that something looks into (:func:`looked_at`).
+        """
+        if looked_at(self.model):
+            if self.compile:
+                raise ValueError("a compiled decoding step runs no hooks and reports no attention (heads_off, "
+                                 "capture_attention, a hook of yours); decode eagerly: compile=False or None")
+            return Step("eager", rows)
         package = self.package(rows) if self.compile is None and max_new_tokens >= PRECOMPILED_AFTER else None
         if package is not None:
             return Step("loaded", rows, package)

@@ -63,11 +63,14 @@ class AttentionMaps(dict):
 def capture_attention(model: nn.Module, detach: bool = True) -> Iterator[AttentionMaps]:
     """Record the attention weights of ``model`` while open."""
     maps = AttentionMaps()
-    places = attention_modules(model)
+    # A layer is known by its W^O: a generation decodes on a copy of the model's modules (qkv.accel.swap),
+    # other objects that share the model's Parameters.
+    found = attention_modules(model)
+    places = {id(m.out_proj.weight): found[id(m)] for m in model.modules() if id(m) in found}
     steps: dict[tuple[str, int], list[Tensor]] = {}
 
     def observe(module: nn.Module, weights: Tensor) -> None:
-        place = places.get(id(module))
+        place = places.get(id(getattr(module.out_proj, "weight", None)))
         if place is not None:
             steps.setdefault(place, []).append(weights.detach() if detach else weights)
 

@@ -164,7 +164,7 @@ def test_a_slot_writes_there_and_returns_every_slot():
     own = KVCache(1, 2, 6, 4)
     first = torch.randn(1, 2, 3, 4)
     own.update(first, first)
-    c = SlotCache(own, torch.tensor([3]))
+    c = SlotCache.over(own, torch.tensor([3]))
     new = torch.randn(1, 2, 1, 4)
     k, v = c.update(new, -new)
     assert k.shape == (1, 2, 6, 4) and c.length == 3

@@ -1,4 +1,5 @@
-"""Decoding's CPU speed-ups (qkv.accel.kernels) compute F.linear's function, applied around the model and removed after."""
+"""Decoding's CPU speed-ups (qkv.accel.kernels) compute F.linear's function, in a decoding copy of the model that
+leaves the model as it was."""
 
 import json
 import math
@@ -10,7 +11,7 @@ from torch import nn
 
 from qkv import GPT, Transformer, preset
 from qkv.accel import kernels as K
-from qkv.accel.kernels import PackedLinear, compiled_linear, decoding, pack_weights, step_linears, unpack_weights
+from qkv.accel.kernels import PackedLinear, TransposedLinear, compiled_linear, decoding_model, step_linears
 from qkv.devices import cpu_identity
 
 needs_onednn = pytest.mark.skipif(not K.available("onednn"), reason="this torch has no oneDNN linear")
@@ -42,14 +43,18 @@ def fresh_choices(tmp_path, monkeypatch):
 
 
 def _packed(layer: nn.Linear, rows: int, kernel: str) -> nn.Linear:
-    K.lay_out(layer, kernel, rows)
-    return layer
+    return K.lay_out(layer, kernel, rows)
 
 
 def _kernel_of(layer: nn.Linear) -> str:
-    if isinstance(layer.__dict__.get("forward"), PackedLinear):
-        return layer.forward.kernel
-    return "transposed" if layer.weight.stride() == (1, layer.out_features) else "aten"
+    if isinstance(layer, PackedLinear):
+        return layer.kernel
+    return "transposed" if isinstance(layer, TransposedLinear) else "aten"
+
+
+def _only_linears(model: nn.Module) -> bool:
+    """Whether no linear map of ``model`` is laid out anew."""
+    return not any(isinstance(m, (PackedLinear, TransposedLinear)) for m in model.modules())
 
 
 @needs_onednn
@@ -73,8 +78,8 @@ def test_each_product_gets_the_kernel_measured_fastest_on_this_machine(fresh_cho
 
     monkeypatch.setattr(K, "measure", fake)
     model = GPT(preset("tiny-gpt")).eval()
-    pack_weights(model, 3)
-    assert {_kernel_of(m) for m in step_linears(model)} == {faster}
+    twin = decoding_model(model, 3, 16)
+    assert {_kernel_of(m) for m in step_linears(twin)} == {faster}
     # Measured once, at 4 rows (3 rounded up), on the step's own linear maps in the step's order.
     assert measured == [(4, [(m.in_features, m.out_features) for m in step_linears(model)])]
     # Kept for the next process on this machine: no measuring again.
@@ -83,8 +88,7 @@ def test_each_product_gets_the_kernel_measured_fastest_on_this_machine(fresh_cho
     assert set(saved[K.machine()]) == {f"4,{m.in_features},{m.out_features}" for m in step_linears(model)}
     assert set(saved[K.machine()].values()) == {faster}
     K.forget_choices()
-    unpack_weights(model)
-    pack_weights(model, 4)
+    decoding_model(model, 4, 16)
     assert len(measured) == 1
 
 
@@ -148,7 +152,7 @@ def test_measure_times_the_steps_own_maps_laid_out_for_each_kernel_and_leaves_th
     K.measure(linears, 2)
     assert {kernel for _, kernel, _ in laid} == set(K._kernels()) and {rows for _, _, rows in laid} == {2}
     assert {id(m) for m, _, _ in laid} == {id(m) for m in linears}
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert _only_linears(model) and set(step_linears(model)) == set(linears)
     assert all(p.is_contiguous() and torch.equal(p, before[name]) for name, p in model.named_parameters())
 
 
@@ -196,12 +200,12 @@ def test_a_packed_kernel_runs_only_for_the_packed_rows_and_without_autograd(monk
     with torch.inference_mode():
         layer(x)  # not packed: nn.Linear's own forward
         assert calls == []
-        _packed(layer, 3, kernel)
-        layer(x)
+        packed = _packed(layer, 3, kernel)
+        packed(x)
         assert calls == [1]
-        layer(x[:2])  # another row count than the packing's: F.linear, no new oneDNN kernel
+        packed(x[:2])  # another row count than the packing's: F.linear, no new oneDNN kernel
         assert calls == [1]
-    y = layer(x)  # autograd needs F.linear's graph
+    y = packed(x)  # autograd needs F.linear's graph
     assert calls == [1] and y.requires_grad
 
 
@@ -211,43 +215,45 @@ def test_packed_weights_give_the_same_products_for_any_row_count(kernel):
     layer = nn.Linear(32, 48)
     with torch.no_grad():
         dense = {m: layer(torch.ones(m, 32) * m) for m in (1, 3, 8, 20)}
-        _packed(layer, 8, kernel)
+        layer = _packed(layer, 8, kernel)
         for m, want in dense.items():
             torch.testing.assert_close(layer(torch.ones(m, 32) * m), want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_transposed_weight_keeps_its_values_shape_and_parameter_and_gets_its_memory_back():
+def test_a_transposed_linear_has_the_values_and_parameters_of_its_linear_in_other_memory():
     torch.manual_seed(0)
     layer = nn.Linear(5, 4)
-    weight, values, x = layer.weight, layer.weight.detach().clone(), torch.randn(3, 2, 5)
+    values, x = layer.weight.detach().clone(), torch.randn(3, 2, 5)
     want = layer(x)
-    K.transpose_weight(layer)
-    assert layer.weight is weight and layer.weight.shape == (4, 5) and layer.weight.stride() == (1, 4)
-    assert torch.equal(layer.weight, values)
-    torch.testing.assert_close(layer(x), want, rtol=1e-6, atol=1e-6)  # any rows: nn.Linear's own forward
-    layer(x).sum().backward()  # and autograd as ever
+    t = TransposedLinear.of(layer)
+    assert t.weight is layer.weight and t.bias is layer.bias  # the linear's own Parameters
+    assert t.weight_in_out.shape == (4, 5) and t.weight_in_out.stride() == (1, 4)
+    assert torch.equal(t.weight_in_out, values) and layer.weight.is_contiguous()  # the linear as it was
+    with torch.no_grad():
+        torch.testing.assert_close(t(x), want, rtol=1e-6, atol=1e-6)  # any rows
+    t(x).sum().backward()  # and a gradient reaches the weight itself
     assert layer.weight.grad.shape == (4, 5)
-    K.restore_weight(layer)
-    assert layer.weight is weight and layer.weight.is_contiguous() and torch.equal(layer.weight, values)
 
 
-def test_a_change_made_while_transposed_is_kept_when_the_memory_goes_back():
-    layer = nn.Linear(6, 3, bias=False)
-    K.transpose_weight(layer)
+@pytest.mark.parametrize("backend", ["onednn", "mkl", "transposed"])
+def test_a_weight_changed_after_a_generation_is_what_the_next_generation_computes_with(backend, backend_afterwards):
+    # A decoding copy's layout is made for one generation; an optimizer step or load_state_dict between two
+    # generations changes the weights in place, and the next generation lays the new values out.
+    from qkv.generation import generate
+
+    if backend in K.PACKED and not K.available(backend):
+        pytest.skip(f"this torch has no {backend} kernel")
+    K.set_backend(backend)
+    torch.manual_seed(0)
+    model = GPT(preset("tiny-gpt", dropout=0.0)).eval()
+    prompt = torch.randint(1, model.cfg.vocab_size, (2, 5))
+    before = generate(model, prompt, 8, temperature=0)
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        layer.weight.mul_(2.0)
-    changed = layer.weight.detach().clone()
-    K.restore_weight(layer)
-    assert layer.weight.is_contiguous() and torch.equal(layer.weight, changed)
-
-
-@pytest.mark.parametrize("kernel", LAID_OUT)
-def test_a_changed_weight_is_never_computed_from_a_stale_packing(kernel):
-    layer = _packed(nn.Linear(16, 16, bias=False), 2, kernel)
-    x = torch.randn(2, 16)
-    with torch.no_grad():
-        layer.weight.mul_(2.0)  # an optimizer step or load_state_dict changes it in place
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        for m in step_linears(model):
+            m.weight.add_(torch.randn(m.weight.shape, generator=g))
+    after = generate(model, prompt, 8, temperature=0)
+    assert after == generate(model, prompt, 8, temperature=0, use_cache=False) and after != before
 
 
 @pytest.mark.parametrize("kernel", LAID_OUT)
@@ -261,40 +267,39 @@ def test_aten_backend_and_bad_name(backend_afterwards):
     K.set_backend("aten")
     assert K.backend() == "aten"
     model = GPT(preset("tiny-gpt")).eval()
-    pack_weights(model, 2)
-    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing packed
+    assert _only_linears(decoding_model(model, 2, 16))  # nothing laid out anew
     with pytest.raises(ValueError, match="unknown linear backend 'blas'"):
         K.set_backend("blas")
 
 
 def test_bf16_is_never_packed():
     model = GPT(preset("tiny-gpt")).to(torch.bfloat16).eval()
-    pack_weights(model, 2)
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert _only_linears(decoding_model(model, 2, 16))
 
 
-def test_decoding_packs_and_frees_every_step_linear_and_the_caches(onednn):
-    model = GPT(preset("tiny-gpt")).eval()
+def test_the_decoding_model_packs_every_step_linear_and_leaves_the_model_as_it_was(onednn):
+    model = GPT(preset("tiny-gpt")).train()
+    modules = dict(model.named_modules())
     linears = step_linears(model)
     assert len(linears) == 1 + 4 * model.cfg.n_layers  # lm_head + in/out_proj, w_1, w_2 per layer
-    with decoding(model, 2, 16):
-        assert all(layer.self_attn.cache is not None for layer in model.layers)
-        if K.available("onednn"):
-            assert all(isinstance(m.__dict__.get("forward"), PackedLinear) for m in linears)
-    assert all(layer.self_attn.cache is None for layer in model.layers)
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    twin = decoding_model(model, 2, 16)
+    assert all(layer.self_attn.cache is not None for layer in twin.layers) and not twin.training
+    if K.available("onednn"):
+        assert all(isinstance(m, PackedLinear) and m.rows == 2 for m in step_linears(twin))
+    assert {n: p for n, p in twin.named_parameters()} == {n: p for n, p in model.named_parameters()}  # shared
+    # The model: the same modules, no caches, still training, nothing laid out anew.
+    assert dict(model.named_modules()) == modules and step_linears(model) == linears and model.training
+    assert all(layer.self_attn.cache is None for layer in model.layers) and _only_linears(model)
 
 
-def test_decoding_transposes_and_restores_every_step_weight(backend_afterwards):
+def test_the_decoding_model_transposes_every_step_weight_and_leaves_the_weights_as_they_were(backend_afterwards):
     K.set_backend("transposed")
     model = GPT(preset("tiny-gpt")).eval()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    with decoding(model, 2, 16):
-        assert {_kernel_of(m) for m in step_linears(model)} == {"transposed"}
+    twin = decoding_model(model, 2, 16)
+    assert {_kernel_of(m) for m in step_linears(twin)} == {"transposed"}
     assert all(p.is_contiguous() and torch.equal(p, before[name]) for name, p in model.named_parameters())
-    pack_weights(model, 3)
-    unpack_weights(model)
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert _only_linears(model)
 
 
 def test_translation_decoding_packs_only_what_each_step_runs():
