@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.accel.kernels import compiled_linear, linear_like, step_linears
-from qkv.accel.swap import decoding_copy, swap_modules
+from qkv.accel.kernels import compiled_linear, step_linears
+from qkv.accel.swap import decoding_copy, rebuilt, swap_modules
 from qkv.modules.attention import KVCache, SelfAttention, scaled_dot_product_attention
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
@@ -97,10 +97,8 @@ class _StepAttention(SelfAttention):
 
     @classmethod
     def of(cls, attention: SelfAttention, cache: SlotCache | None) -> _StepAttention:
-        with torch.device("meta"):  # nothing allocated: the projections are the attention's own
-            new = cls(attention.d_model, attention.n_heads, bias=attention.in_proj.bias is not None,
-                      dropout=attention.dropout, d_k=attention.d_k)
-        new.in_proj, new.out_proj, new.rope, new.cache = attention.in_proj, attention.out_proj, attention.rope, cache
+        new = rebuilt(attention, cls)  # its projections, rotation and configuration
+        new.cache = cache
         return new
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool,
@@ -116,7 +114,7 @@ def caches_of(model: nn.Module) -> list[KVCache]:
 
 
 class _CompiledLinear(nn.Linear):
-    """A linear map inside a compiled step (``linear_like`` an ``nn.Linear``: its weight and bias): one
+    """A linear map inside a compiled step (:func:`~qkv.accel.swap.rebuilt` from an ``nn.Linear``: its weight and bias): one
     class, so that every generation's step finds the graph inductor compiled for the first."""
 
     def forward(self, x: Tensor) -> Tensor:
@@ -132,7 +130,7 @@ def step_model(model: nn.Module, slot: Tensor) -> nn.Module:
 
     def swap(m: nn.Module) -> nn.Module | None:
         if id(m) in steps:
-            return linear_like(_CompiledLinear, m)
+            return rebuilt(m, _CompiledLinear)
         if type(m) is SelfAttention:
             return _StepAttention.of(m, None if m.cache is None else SlotCache.over(m.cache, slot))
         return None

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.accel.swap import decoding_copy, swap_modules
+from qkv.accel.swap import decoding_copy, rebuilt, swap_modules
 from qkv.devices import cpu_identity
 from qkv.files import user_cache, write_json
 from qkv.models.kinds import kind_of
@@ -255,14 +255,6 @@ def forget_choices() -> None:
     _choices.clear()
 
 
-def linear_like(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
-    """A ``cls`` (a subclass of ``nn.Linear``) with ``linear``'s own weight and bias, no other allocated."""
-    with torch.device("meta"):
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
-    new.weight, new.bias = linear.weight, linear.bias  # the same Parameters: nothing copied
-    return new
-
-
 class PackedLinear(nn.Linear):
     """A linear map of a decoding copy whose weight is also packed for a packed kernel (:data:`PACKED`) and
     ``rows``-row products: :meth:`of` an ``nn.Linear``, which it stands for.
@@ -279,7 +271,7 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def of(cls, linear: nn.Linear, rows: int, kernel: str = "onednn") -> PackedLinear:
-        new = linear_like(cls, linear)
+        new = rebuilt(linear, cls)
         new.rows, new.kernel = rows, kernel
         new.product = _packed_product(kernel, linear.weight.detach().contiguous(), rows)
         return new
@@ -304,7 +296,7 @@ class TransposedLinear(nn.Linear):
 
     @classmethod
     def of(cls, linear: nn.Linear) -> TransposedLinear:
-        new = linear_like(cls, linear)
+        new = rebuilt(linear, cls)
         new.weight_in_out = linear.weight.detach().t().contiguous().t()  # (out, in) values, (in, out) memory
         return new
 
@@ -370,5 +362,5 @@ def compiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Te
 
 
 __all__ = ["KERNELS", "PACKED", "MARGIN", "CLOSE", "set_backend", "backend", "available", "cache_path",
-           "machine", "measure", "choose", "forget_choices", "linear_like", "PackedLinear", "TransposedLinear", "step_linears",
+           "machine", "measure", "choose", "forget_choices", "PackedLinear", "TransposedLinear", "step_linears",
            "lay_out", "pack_weights", "decoding_model", "compiled_linear"]

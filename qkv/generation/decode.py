@@ -1,5 +1,6 @@
 """Autoregressive generation for GPT: prefill the prompt once, then one cached step per new token, the step
-chosen once a generation (:class:`~qkv.generation.policy.StepPolicy`).
+chosen once a generation (:class:`~qkv.generation.policy.StepPolicy`) and how the model is fed chosen once
+before the loop (cached, recomputed, or a sliding window over the context).
 
 "At each step the model is auto-regressive, consuming the previously generated symbols as additional
 input when generating the next" (Section 3). With the KV cache each step feeds only the newest token.
@@ -9,8 +10,7 @@ column; a key padding mask hides the pads and per-row positions start at 0 at ea
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -111,13 +111,6 @@ def generate(
         raise ValueError(f"the {step.how} step runs no hooks and reports no attention, and this model has a hook or "
                          "its attention is captured: choose the step with them in place (StepPolicy.choose)")
     how = step.how
-    padded = not bool(real.all())
-    key_mask = real  # (B, L) grows by one column per step
-    positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
-    running: CompiledStep | LoadedStep | None = None  # the compiled or loaded step, once the prompt is prefilled
-    cached = use_cache  # False: every step recomputes the prefix (use_cache=False, or a full sliding window)
     # The decoding model: a copy of the model's modules in eval mode, sharing its weights (qkv.accel.swap), with
     # the caches and, for eager steps, the weights laid out for b-row products; compiled steps use no packing
     # and run a copy of their own (CompiledStep.model). The model itself is not changed.
@@ -127,19 +120,14 @@ def generate(
     # of cache_slots.
     cache_len = {"loaded": cache_slots(model), "compiled": max_len}.get(how, min(total, max_len))
     decoder = decoding_model(model, b if use_cache else None, cache_len, packed=how == "eager")
-    seq, step_in, step_pos = ids, ids, positions  # seq: every token so far, (B, t + i)
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): 0 at each row's first real token
+    feed: _Feed = _Cached(decoder, step, ids, real, positions) if use_cache else _Recompute(decoder, ids, real, positions)
+    if sliding_window:
+        feed = _SlidingWindow(decoder, feed if use_cache else None, ids)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    steps: list[Tensor] = []  # the (B,) tokens of each step; turned into lists once, at the end
     for i in range(max_new_tokens):
-        mask = key_mask[:, None, None, :] if padded else None  # (B, 1, 1, L)
-        if running is not None:  # step i feeds the token of step i - 1 into cache slot t + i - 1
-            logits = running(step_in, step_pos, t + i - 1)
-        elif cached:  # prefill the prompt once, then feed one position per step
-            logits = decoder(step_in, mask=mask, positions=step_pos if padded else None)
-        elif sliding_window:  # the window is full: the last `max_len` tokens, recomputed
-            logits = decoder(seq[:, -max_len:])
-        else:  # recompute the whole prefix (slow; the reference the cache is tested against)
-            later = positions[:, -1:] + torch.arange(1, seq.shape[1] - t + 1, device=device)  # (B, t')
-            all_pos = torch.cat([positions, later], 1)
-            logits = decoder(seq, mask=mask, positions=all_pos if padded else None)
+        logits = feed.prefill() if i == 0 else feed(tok)  # (B, T or 1 or L, V)
         tok = next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
         if eos_id is not None:
             tok = tok.masked_fill(done, pad_id)  # finished rows only pad
@@ -150,19 +138,97 @@ def generate(
             done |= tok == eos_id
             if bool(done.all()):
                 break
-        if not use_cache or sliding_window:  # what a recomputing step reads
-            seq = torch.cat([seq, tok[:, None]], dim=1)
-        if cached and t + i == max_len:  # a sliding window's cache is full: recompute from here on
-            decoder.clear_cache()
-            running, cached = None, False
-        if cached:
-            step_in, step_pos = tok[:, None], step_pos[:, -1:] + 1  # (B, 1) each
-            if running is None and how != "eager":
-                running = LoadedStep(decoder, real, step.package) if how == "loaded" else CompiledStep(decoder, real)
-        if padded and running is None:  # a compiled step keeps its own mask (CompiledStep.visible)
-            key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=1)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps
         rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]
     return rows
 
+
+class _Feed(Protocol):
+    """How a generation feeds its decoding model: the prompt first, then each new token (B,); each returns the
+    (B, T', V) logits whose last position predicts the next token. Chosen once, before the loop."""
+
+    def prefill(self) -> Tensor: ...
+
+    def __call__(self, tok: Tensor) -> Tensor: ...
+
+
+class _Cached:
+    """The prompt prefilled into the decoder's caches, then one position a step: eagerly on the decoder, or
+    (``step.how`` compiled or loaded) by the compiled step made once the prompt is in the caches.
+
+    Left padding: the key mask (B, L) grows by one real column a step and each row's positions count from its
+    first real token; a compiled step keeps a mask of its own (CompiledStep.visible)."""
+
+    def __init__(self, decoder: nn.Module, step: Step, ids: Tensor, real: Tensor, positions: Tensor) -> None:
+        self.decoder, self.step, self.ids, self.real, self.positions = decoder, step, ids, real, positions
+        self.padded = not bool(real.all())
+        self.key_mask = real  # (B, L)
+        self.fed = 0  # new tokens fed so far: the next goes to cache slot T + fed
+        self.running: CompiledStep | LoadedStep | None = None
+
+    def prefill(self) -> Tensor:
+        padded = self.padded
+        logits = self.decoder(self.ids, mask=self.real[:, None, None, :] if padded else None,
+                              positions=self.positions if padded else None)  # (B, T, V)
+        if self.step.how == "loaded":
+            self.running = LoadedStep(self.decoder, self.real, self.step.package)
+        elif self.step.how == "compiled":
+            self.running = CompiledStep(self.decoder, self.real)
+        return logits
+
+    def __call__(self, tok: Tensor) -> Tensor:
+        position = self.positions[:, -1:] + 1 + self.fed  # (B, 1)
+        slot, self.fed = self.ids.shape[1] + self.fed, self.fed + 1
+        if self.running is not None:
+            return self.running(tok[:, None], position, slot)  # (B, 1, V)
+        if not self.padded:
+            return self.decoder(tok[:, None])  # (B, 1, V)
+        self.key_mask = torch.cat([self.key_mask, torch.ones_like(self.key_mask[:, :1])], dim=1)  # (B, T + fed)
+        return self.decoder(tok[:, None], mask=self.key_mask[:, None, None, :], positions=position)
+
+
+class _Recompute:
+    """Every step recomputes the whole prefix, prompt and new tokens (``use_cache=False``: slow; the reference
+    the cache is tested against)."""
+
+    def __init__(self, decoder: nn.Module, ids: Tensor, real: Tensor, positions: Tensor) -> None:
+        self.decoder, self.seq, self.real, self.positions = decoder, ids, real, positions  # seq: (B, T + fed)
+        self.padded = not bool(real.all())
+
+    def prefill(self) -> Tensor:
+        return self._over_seq()
+
+    def __call__(self, tok: Tensor) -> Tensor:
+        self.seq = torch.cat([self.seq, tok[:, None]], dim=1)
+        return self._over_seq()
+
+    def _over_seq(self) -> Tensor:
+        if not self.padded:
+            return self.decoder(self.seq)  # (B, T + fed, V)
+        t, fed = self.real.shape[1], self.seq.shape[1] - self.real.shape[1]
+        mask = torch.cat([self.real, self.real.new_ones(self.real.shape[0], fed)], dim=1)  # (B, T + fed)
+        later = self.positions[:, -1:] + torch.arange(1, fed + 1, device=self.seq.device)  # (B, fed)
+        return self.decoder(self.seq, mask=mask[:, None, None, :], positions=torch.cat([self.positions, later], 1))
+
+
+class _SlidingWindow:
+    """One prompt whose continuation may outgrow the context: cached steps (``cached``) until the caches hold
+    ``max_len`` positions, then each step recomputes the last ``max_len`` tokens (nanoGPT's crop: learned
+    positions cannot be shifted inside a cache); without a cache (None), every step recomputes them."""
+
+    def __init__(self, decoder: nn.Module, cached: _Cached | None, ids: Tensor) -> None:
+        self.decoder, self.cached, self.seq = decoder, cached, ids  # seq: (1, T + fed)
+        self.max_len = decoder.cfg.max_len
+
+    def prefill(self) -> Tensor:
+        return self.cached.prefill() if self.cached is not None else self.decoder(self.seq[:, -self.max_len:])
+
+    def __call__(self, tok: Tensor) -> Tensor:
+        self.seq = torch.cat([self.seq, tok[:, None]], dim=1)
+        if self.cached is not None and self.cached.ids.shape[1] + self.cached.fed == self.max_len:
+            self.decoder.clear_cache()  # the caches are full: recompute from here on
+            self.cached = None
+        if self.cached is not None:
+            return self.cached(tok)
+        return self.decoder(self.seq[:, -self.max_len:])  # (1, max_len, V)

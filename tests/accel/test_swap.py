@@ -13,7 +13,7 @@ from torch import nn
 from qkv import GPT, Transformer, preset
 from qkv.accel import kernels as K
 from qkv.accel.compiled import cpu_compiler_available
-from qkv.accel.swap import decoding_copy, swap_modules
+from qkv.accel.swap import decoding_copy, rebuilt, swap_modules
 from qkv.generation import generate
 from qkv.generation.beam import beam_search, greedy_search
 from qkv.generation.policy import COMPILE_AFTER, Step, StepPolicy
@@ -72,7 +72,7 @@ def test_a_module_swapped_in_takes_over_the_hooks_of_the_one_it_replaces():
         def forward(self, x):
             return 2 * super().forward(x)
 
-    swapped = swap_modules(model, lambda m: K.linear_like(Twice, m) if type(m) is nn.Linear else None)
+    swapped = swap_modules(model, lambda m: rebuilt(m, Twice) if type(m) is nn.Linear else None)
     assert swapped is model and [type(m) for m in model.modules()] == [nn.Sequential, Twice, nn.Sequential, Twice]
     model(torch.ones(1, 3))
     assert seen == [Twice]

@@ -89,6 +89,25 @@ def test_cached_generation_equals_uncached_with_prompts_of_different_lengths(pos
         assert generate(m, [p], 12, temperature=0)[0] == c
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_sliding_window_is_cached_until_the_context_fills_then_crops(use_cache):
+    # nanoGPT's crop: every token is predicted from the last max_len tokens; a short prompt's first steps run on
+    # the cache, and from the step that would overfill it each step recomputes the window.
+    torch.manual_seed(0)
+    m = GPT(preset("tiny-gpt", dropout=0.0)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(3)  # weights whose greedy tokens vary, so that a wrong window shows
+    window, prompt = m.cfg.max_len, [5, 6, 7, 8, 9, 10]
+    new = window + 10 - len(prompt)  # past the context by 10 tokens
+    got = generate(m, [prompt], new, temperature=0, sliding_window=True, use_cache=use_cache)[0]
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new):
+            ids.append(int(m(torch.tensor([ids[-window:]]))[0, -1].argmax()))
+    assert got == ids[len(prompt):] and len(set(got)) > 1
+
+
 def test_cached_logits_equal_uncached():
     m = GPT(preset("tiny-gpt")).eval()
     x = torch.randint(0, 64, (2, 10))
