@@ -19,6 +19,11 @@ import sys
 import time
 from typing import Callable
 
+# A benchmark builds what it times before its workers start (bench/generate_gpt.py's packages): a generation's
+# default build in the background (qkv.generation.policy) would take the CPU from the workers it times. The
+# workers inherit it.
+os.environ.setdefault("QKV_BACKGROUND_PRECOMPILE", "0")
+
 
 def rss_mb() -> float:
     """Current resident memory of this process."""

@@ -36,20 +36,24 @@ import os
 import shutil
 import subprocess
 import time
+import sys
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from qkv.config import ModelConfig
 from qkv.errors import ConfigError, DataError
 from qkv.accel.compiled import INDUCTOR_OPTIONS, CompiledStep, SlotCache, caches_of, check_can_compile
 from qkv.accel.kernels import decoding_model, step_linears
 from qkv.devices import cpu_identity
 from qkv.files import atomic_path, user_cache
 from qkv.models import GPT
+from qkv.models.kinds import build_model
+from qkv.settings import from_dict, to_dict
 from qkv.modules.attention import SelfAttention
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.
@@ -62,7 +66,7 @@ PACKAGE_OPTIONS = {**INDUCTOR_OPTIONS, "freezing": True}
 # How many packages the user cache keeps (one per model, batch size and machine, each holding the model's
 # weights): building another deletes the oldest.
 PACKAGES_KEPT = 16
-# "0" in the environment: qkv generate never builds a package in the background (the test suite sets it).
+# "0" in the environment: no generation builds a package in the background (the test suite sets it).
 BACKGROUND_ENV = "QKV_BACKGROUND_PRECOMPILE"
 # A background build still marked as running after this long was stopped without a trace (a package takes tens
 # of seconds; the marker's pid may belong to another process by then).
@@ -112,11 +116,12 @@ def cache_slots(model: nn.Module) -> int:
 
 
 def can_precompile(model: nn.Module) -> bool:
-    """Whether ``model``'s step can be compiled ahead of time: a GPT's fp32 linear maps on a CPU, in eval mode."""
+    """Whether ``model``'s step can be compiled ahead of time: a GPT's fp32 linear maps on a CPU (in training mode
+    too: the step is built from a decoding copy, in eval mode)."""
     if not isinstance(model, GPT):
         return False
     device = next(model.parameters()).device
-    return (device.type == "cpu" and not model.training and bool(step_linears(model))
+    return (device.type == "cpu" and bool(step_linears(model))
             and all(m.weight.dtype == torch.float32 for m in step_linears(model)))
 
 
@@ -155,7 +160,7 @@ def precompile(model: nn.Module, batch: int = 1) -> tuple[Path, float]:
     """Build the package of ``model``'s step for ``batch`` rows (tens of seconds) unless it exists; return its
     path and the seconds spent (0 if it was there)."""
     if not can_precompile(model):
-        raise ConfigError("only an fp32 GPT on a CPU, in eval mode, has a decoding step that can be compiled "
+        raise ConfigError("only an fp32 GPT on a CPU has a decoding step that can be compiled "
                           "ahead of time (not an int8 one: drop --quantize)")
     if batch < 1:
         raise ConfigError(f"a decoding step serves 1 or more rows, got a batch of {batch}")
@@ -235,10 +240,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def build_in_background(path: Path, argv: list[str]) -> int | None:
+def build_in_background(path: Path, argv: list[str], prepare: Callable[[], None] | None = None) -> int | None:
     """Start ``argv``, a command that builds the package ``path``, as a detached process at low priority (it
     outlives its parent and yields the CPU to the user's work), unless a build of ``path`` was started before;
-    return the builder's pid, or None if it was not started.
+    return the builder's pid, or None if it was not started. ``prepare`` runs first, once the build is this
+    one's (it writes what the builder reads).
 
     One build per package: the marker is created exclusively, so of two generations that end together only
     one starts a build, and a build that failed is not retried by itself (:func:`background_build`; a
@@ -252,6 +258,8 @@ def build_in_background(path: Path, argv: list[str]) -> int | None:
     nice = shutil.which("nice")
     try:
         with os.fdopen(fd, "w") as pid_file, open(log, "wb") as err:
+            if prepare is not None:
+                prepare()
             builder = subprocess.Popen([nice, "-n", "10", *argv] if nice else argv, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
             pid_file.write(str(builder.pid))
@@ -261,29 +269,81 @@ def build_in_background(path: Path, argv: list[str]) -> int | None:
     return builder.pid
 
 
-def build_later(model: nn.Module, rows: int, argv: list[str]) -> str:
+class Later(NamedTuple):
+    """What :func:`build_later` did: the line that says so, and whether it is news to its user (a build started
+    now, or one that failed) rather than a build already under way or none at all."""
+
+    line: str
+    news: bool
+
+
+def build_later(model: nn.Module, rows: int, argv: list[str] | None = None, off: str = "compile=False",
+                here: str = "StepPolicy(model).precompile(rows)") -> Later:
     """After an eager generation that a package of the step would have run: build the package in the background
-    (``argv``: a command that builds it, :func:`build_in_background`), as ``git gc --auto`` packs a repository
-    after a command, so that the next generation loads it; return the line that says so, or why not (one was
-    started before, the environment turns it off, an earlier build failed)."""
+    (:func:`build_in_background`), as ``git gc --auto`` packs a repository after a command, so that the next
+    generation loads it; return the line that says so, or why not (one was started before, the environment
+    turns it off, an earlier build failed), as a :class:`Later`. ``argv``: a command that builds it (``qkv generate`` passes itself,
+    on the run's files); None, the Python API's: :func:`build_from_input`, on the model's configuration and
+    weights written beside the package. ``off`` and ``here`` name, in the caller's words, how to decode without
+    it and how to build it in the foreground."""
     path = package_path(model, rows)
     build = background_build(path)
     speedup = "later generations run it, faster"
     if build is None and os.environ.get(BACKGROUND_ENV) != "0":
-        pid = build_in_background(path, argv)
+        pid = build_in_background(path, argv or _builder(path, rows),
+                                  None if argv else lambda: _write_input(model, path))
         if pid is not None:
-            return (f"decoded eagerly; compiling this model's step for this machine and batch size in the background, "
-                    f"at low priority (pid {pid}; tens of seconds): {speedup}. {BACKGROUND_ENV}=0 or "
-                    "--no-compile: not in the background")
+            return Later(f"decoded eagerly; compiling this model's step for this machine and batch size in the "
+                         f"background, at low priority (pid {pid}; tens of seconds): {speedup}. {BACKGROUND_ENV}=0 or "
+                         f"{off}: not in the background", True)
         build = background_build(path)  # another generation started one meanwhile
     if build is None:
-        return (f"decoded eagerly; --precompile once compiles this model's step for this machine and batch size "
-                f"(tens of seconds), and {speedup}")
+        return Later(f"decoded eagerly; {here} once compiles this model's step for this machine and batch size "
+                     f"(tens of seconds), and {speedup}", False)
     if build.running:
-        return (f"decoded eagerly; this model's step is being compiled in the background"
-                f"{f' (pid {build.pid})' if build.pid else ''}: {speedup}")
-    return (f"decoded eagerly; compiling this model's step in the background failed or was stopped (its log: "
-            f"{build.log}); --precompile compiles it here and says why it fails")
+        return Later(f"decoded eagerly; this model's step is being compiled in the background"
+                     f"{f' (pid {build.pid})' if build.pid else ''}: {speedup}", False)
+    return Later(f"decoded eagerly; compiling this model's step in the background failed or was stopped (its log: "
+                 f"{build.log}); {here} compiles it here and says why it fails", True)
+
+
+def _input_of(path: Path) -> Path:
+    """The folder beside the package ``path`` that holds the model a builder of the Python API's reads."""
+    return path.with_suffix(".input")
+
+
+def _write_input(model: nn.Module, path: Path) -> None:
+    """The model's configuration and weights (safetensors, tied weights stored once), for :func:`build_from_input`."""
+    from safetensors.torch import save_model
+
+    folder = _input_of(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(folder / "weights.safetensors"))
+    (folder / "model.json").write_text(json.dumps(to_dict(model.cfg)), encoding="utf-8")
+
+
+def _builder(path: Path, rows: int) -> list[str]:
+    """The command that builds the package ``path`` from the model written beside it (:func:`build_from_input`)."""
+    code = "import sys; from qkv.accel.precompiled import build_from_input; build_from_input(sys.argv[1], int(sys.argv[2]))"
+    return [sys.executable, "-c", code, str(path), str(rows)]
+
+
+def build_from_input(path: str | Path, rows: int) -> Path:
+    """Build the package ``path`` for ``rows`` rows from the model written beside it by a generation of the
+    Python API (:func:`build_later`), which it then deletes; what a background builder runs."""
+    from safetensors.torch import load_model
+
+    path = Path(path)
+    folder = _input_of(path)
+    try:
+        cfg = from_dict(ModelConfig, json.loads((folder / "model.json").read_text(encoding="utf-8")))
+        model = build_model(cfg).eval()
+        load_model(model, str(folder / "weights.safetensors"))
+        if package_path(model, rows) != path:  # the digest of what was read: the model the package is for
+            raise DataError(f"{folder}: the model read back is not the one whose step {path.name} was asked for")
+        return precompile(model, rows)[0]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def prune(folder: Path, keep: int) -> None:
@@ -342,5 +402,5 @@ class LoadedStep(CompiledStep):
 
 
 __all__ = ["FORMAT", "PACKAGE_OPTIONS", "PACKAGES_KEPT", "BACKGROUND_ENV", "BACKGROUND_TIMEOUT", "digest", "package_path", "cache_slots",
-           "can_precompile", "find", "precompile", "prune", "BackgroundBuild", "background_build", "build_in_background", "build_later",
+           "can_precompile", "find", "precompile", "prune", "BackgroundBuild", "background_build", "build_in_background", "Later", "build_later", "build_from_input",
            "LoadedStep"]

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from qkv.accel.precompiled import build_later
 from qkv.cli.common import (
     add_device, add_quantize, add_training_run, add_weights, command_group, directory, finite_float, positive_int, seed,
 )
@@ -189,7 +188,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # The step of the first batch decoded (a batch of stdin lines may be short of --batch-size), and the exit code.
     first, code = _complete_all(completer, args, steps)
     if first is not None and first.build:  # eager, where a package would have run: build one for next time
-        _precompile_later(completer, args, first.rows)  # once the text is out (and only if it could be written)
+        _precompile_later(completer, args, first)  # once the text is out (and only if it could be written)
     return code
 
 
@@ -231,13 +230,14 @@ def _complete_all(completer: Completer, args: argparse.Namespace,
     return (steps(min(len(lines), size)) if lines else None), code
 
 
-def _precompile_later(completer: Completer, args: argparse.Namespace, rows: int) -> None:
+def _precompile_later(completer: Completer, args: argparse.Namespace, step: Step) -> None:
     """After an eager generation that a package of the step would have run: build it in the background."""
     # The builder is this command with --precompile and nothing to complete (stdin empty): it loads the same
     # weights, so it builds exactly the package that the next generation looks for.
     argv = [sys.executable, "-m", "qkv", "generate", "--run", str(args.run), "--device", "cpu", "--precompile",
-            "--batch-size", str(rows), *(["--weights", str(args.weights)] if args.weights else [])]
-    print(f"qkv generate: {build_later(completer.model, rows, argv)}", file=sys.stderr)
+            "--batch-size", str(step.rows), *(["--weights", str(args.weights)] if args.weights else [])]
+    later = completer.policy.build_later(step, argv, off="--no-compile", here="--precompile")
+    print(f"qkv generate: {later.line}", file=sys.stderr)
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:

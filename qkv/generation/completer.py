@@ -4,8 +4,10 @@
     completer.complete("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1, stream=sys.stdout)
 
 Generation is :func:`qkv.generation.decode.generate`, the one decoding loop, its step chosen once a generation
-by the Completer's policy (:class:`~qkv.generation.policy.StepPolicy`) unless the caller passes one; the
-Completer adds the text around it. An empty prompt starts from the run's start text (a newline for
+by the Completer's policy (:class:`~qkv.generation.policy.StepPolicy`) unless the caller passes one, as
+``qkv generate`` chooses it: a step compiled ahead of time where one was built for the model, and, after an eager
+generation that such a step would have run, one built in the background for the next generation (a
+:class:`~qkv.generation.policy.PrecompileNotice` says so). The Completer adds the text around it. An empty prompt starts from the run's start text (a newline for
 Shakespeare, as nanoGPT samples) or the ``<bos>`` token. A prompt that does not fit the context is an error, unless ``sliding_window``.
 
 Streaming writes only text that is final: a byte-level token may end in the middle of a UTF-8
@@ -151,12 +153,15 @@ class Completer:
                     emitted = safe
             return False
 
+        chosen = self.policy.choose(max_new_tokens) if step is None else None  # chosen here: it builds what it calls for
         generate(self.model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos,
                  generator=self._generator(seed), on_step=on_step, sliding_window=sliding_window,
-                 step=self.policy.choose(max_new_tokens) if step is None else step)
+                 step=step if chosen is None else chosen)
         if stream is not None and len(text) > emitted:
             stream.write(text[emitted:])
             stream.flush()
+        if chosen is not None:
+            self.policy.notify(chosen)
         return text
 
     @torch.no_grad()
@@ -184,9 +189,12 @@ class Completer:
         for p in encoded:
             self._check(len(p), max_new_tokens, False)
         pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        chosen = self.policy.choose(max_new_tokens, len(encoded)) if step is None else None
         rows = generate(self.model, encoded, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_id=self.tokenizer.eos_id, pad_id=pad, generator=self._generator(seed),
-                        step=self.policy.choose(max_new_tokens, len(encoded)) if step is None else step)
+                        step=step if chosen is None else chosen)
+        if chosen is not None:
+            self.policy.notify(chosen)
         eos = self.tokenizer.eos_id
         texts = []
         for row in rows:

@@ -69,7 +69,9 @@ def generate(
             generation there (a stop string found).
         compile: how the steps after the prompt run (:class:`~qkv.generation.policy.StepPolicy`). None, the default
             of every caller: a step compiled ahead of time where one was built for this model and batch size,
-            torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise. True: one
+            torch.compile's for one prompt from ``COMPILE_AFTER`` new tokens, eager otherwise, and after an eager
+            generation that a package would have run, one built in the background for the next (as ``qkv
+            generate`` does; a :class:`~qkv.generation.policy.PrecompileNotice` says so). True: one
             prompt's steps compiled (faster steps on a CPU, after seconds of compiling); False: eager. A model
             with a hook on a module (``heads_off``) or inside ``capture_attention`` decodes eagerly.
         sliding_window: one prompt, which with its continuation may exceed the context: the model sees the
@@ -102,8 +104,10 @@ def generate(
             f"prompt of {t} tokens + {max_new_tokens} new tokens = {total} exceeds the model's context "
             f"of {max_len} positions; shorten the prompt or ask for fewer tokens"
         )
+    policy = None  # the policy that chose the step here, if it was chosen here
     if step is None:
-        step = StepPolicy(model, compile).choose(max_new_tokens, b) if use_cache else Step("eager", b)
+        policy = StepPolicy(model, compile)
+        step = policy.choose(max_new_tokens, b) if use_cache else Step("eager", b)
     elif step.rows != b or (step.how != "eager" and not use_cache):
         raise ValueError(f"the {step.how} step was chosen for {step.rows} prompt(s) with a cache, and this "
                          f"generation has {b}{'' if use_cache else ' without a cache'}: choose the step for it")
@@ -141,6 +145,8 @@ def generate(
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(b)]
     if eos_id is not None:  # each row ends at its first <eos>, which it keeps
         rows = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in rows]
+    if policy is not None:  # eager where a package would have run: build it for the next generation
+        policy.notify(step)
     return rows
 
 

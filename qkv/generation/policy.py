@@ -11,7 +11,10 @@ default (``compile=None``):
 - otherwise one prompt's steps are compiled from ``COMPILE_AFTER`` new tokens on, on a CPU with a C++ compiler,
   for a model whose steps run fp32 linear maps (not an int8 copy);
 - otherwise the steps run eagerly, their weights laid out for this CPU's fastest kernels (qkv.accel.kernels); where
-  a package would have run, the choice says so (``Step.build``), and ``qkv generate`` builds one in the background.
+  a package would have run, the choice says so (``Step.build``), and whoever chose the step builds one in the
+  background once the generation is over (:meth:`StepPolicy.build_later`, the one place a build starts from):
+  ``qkv.generate`` and the ``Completer`` where they chose it, ``qkv generate`` for its batch sizes. The Python
+  API says so by a :class:`PrecompileNotice` warning, the command on stderr.
 
 ``compile=True`` asks for torch.compile's step (one prompt), ``compile=False`` for eager steps only.
 
@@ -23,6 +26,7 @@ graph serves every generation), a package runs none, and neither reports its att
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -30,7 +34,7 @@ from torch import nn
 
 from qkv.accel.compiled import check_can_compile, cpu_compiler_available
 from qkv.accel.kernels import step_linears
-from qkv.accel.precompiled import can_precompile, find, precompile
+from qkv.accel.precompiled import Later, build_later, can_precompile, find, precompile
 from qkv.devices import model_device
 from qkv.modules.attention import attention_observer
 
@@ -44,6 +48,12 @@ COMPILE_AFTER = 2048
 PRECOMPILED_AFTER = 32
 
 How = Literal["eager", "compiled", "loaded"]
+
+
+class PrecompileNotice(UserWarning):
+    """A generation of the Python API started building its step ahead of time in the background, or such a
+    build failed (``warnings.simplefilter("ignore", PrecompileNotice)`` hides it; ``QKV_BACKGROUND_PRECOMPILE=0``
+    or ``compile=False`` starts none)."""
 
 
 def looked_at(model: nn.Module) -> bool:
@@ -102,6 +112,24 @@ class StepPolicy:
     def precompile(self, rows: int = 1) -> tuple[Path, float]:
         """Compile the model's step for ``rows`` prompts ahead of time, unless it was (qkv.accel.precompiled)."""
         return precompile(self.model, rows)
+
+    def build_later(self, step: Step, argv: list[str] | None = None, off: str = "compile=False",
+                    here: str = "StepPolicy(model).precompile(rows)") -> Later | None:
+        """Once a generation that ran ``step`` is over: where the step calls for a package (``step.build``), start
+        building it in the background (qkv.accel.precompiled.build_later; ``argv``: the builder, None for one
+        that reads the model from files written beside the package; ``off``, ``here``: how the caller's user
+        decodes without it, and builds it in the foreground) and say what became of it; None where it calls for
+        none."""
+        if not step.build:
+            return None
+        return build_later(self.model, step.rows, argv, off=off, here=here)
+
+    def notify(self, step: Step) -> None:
+        """:meth:`build_later` for the Python API: a :class:`PrecompileNotice` where a build started or failed
+        (none where one runs, none was started, or the environment turns them off)."""
+        later = self.build_later(step)
+        if later is not None and later.news:
+            warnings.warn(later.line, PrecompileNotice, stacklevel=3)
 
     def _compiles(self, max_new_tokens: int, rows: int) -> bool:
         """Whether such a generation runs torch.compile's step, where no package runs: one prompt only (larger

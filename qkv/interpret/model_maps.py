@@ -90,7 +90,8 @@ def completion_maps(model, tokenizer, text: str, max_new_tokens: int = 32) -> di
     room = model.cfg.max_len - len(ids)
     if room < 0:
         raise ValueError(f"the text has {len(ids)} tokens; the model reads at most {model.cfg.max_len}")
-    new = generate(model, [ids], min(max_new_tokens, room), temperature=0, eos_id=tokenizer.eos_id)[0]
+    # Eager: a few dozen tokens for a page, where a step compiled (or built in the background) would not repay itself.
+    new = generate(model, [ids], min(max_new_tokens, room), temperature=0, eos_id=tokenizer.eos_id, compile=False)[0]
     seq = ids + new
     with capture_attention(model) as maps:
         model(torch.tensor([seq], device=model_device(model)))

@@ -5,6 +5,7 @@ import os
 import re
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from qkv import GPT, preset
 from qkv.accel import precompiled
 from qkv.accel.compiled import cpu_compiler_available
-from qkv.generation.policy import COMPILE_AFTER, PRECOMPILED_AFTER
+from qkv.errors import DataError
+from qkv.generation.policy import COMPILE_AFTER, PRECOMPILED_AFTER, PrecompileNotice, StepPolicy
 from qkv.accel.precompiled import PACKAGES_KEPT
 from qkv.generation import decode, generate
 from qkv.generation.completer import Completer
@@ -200,3 +202,64 @@ def test_a_background_build_starts_once_and_a_failed_one_is_reported_not_retried
                  "ab"]) == 0
     err = capsys.readouterr().err
     assert "decoded eagerly; --precompile once compiles" in err and "Traceback" not in err, err
+
+
+def test_the_api_builds_its_step_in_the_background_once_and_then_loads_it(monkeypatch):
+    # qkv.generate chooses as qkv generate does, and builds as it does: a model held in memory (in training mode,
+    # which decoding leaves alone) is written beside the package for the builder, which deletes it.
+    monkeypatch.setenv(precompiled.BACKGROUND_ENV, "1")
+    torch.manual_seed(0)
+    model = GPT(preset("tiny-gpt", max_len=48, dropout=0.0)).train()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)  # weights whose greedy tokens vary
+    prompt = [[3, 1, 4, 1, 5]]
+    eager = generate(model, prompt, PRECOMPILED_AFTER, temperature=0, compile=False)
+    with pytest.warns(PrecompileNotice, match=r"in the background, at low priority \(pid \d+") as notes:
+        assert generate(model, prompt, PRECOMPILED_AFTER, temperature=0) == eager
+    notice = next(str(w.message) for w in notes if w.category is PrecompileNotice)
+    pid = int(re.search(r"pid (\d+)", notice).group(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecompileNotice)  # a build under way: no second one, no second notice
+        assert generate(model, prompt, PRECOMPILED_AFTER, temperature=0) == eager
+    _, status = os.waitpid(pid, 0)
+    path = precompiled.package_path(model)
+    assert os.waitstatus_to_exitcode(status) == 0, path.with_suffix(".log").read_text()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # the model written for it, marker and log gone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecompileNotice)
+        assert StepPolicy(model).choose(PRECOMPILED_AFTER).how == "loaded"
+        assert generate(model, prompt, PRECOMPILED_AFTER, temperature=0) == eager  # loaded: the same tokens
+    assert model.training
+
+
+def test_the_completer_builds_what_its_own_choice_calls_for_and_the_command_its_own(monkeypatch):
+    started = []
+    monkeypatch.setenv(precompiled.BACKGROUND_ENV, "1")
+    monkeypatch.setattr(precompiled, "build_in_background",
+                        lambda path, argv, prepare=None: started.append((path, argv)) or 4242)
+    tok = CharTokenizer(list("abcdefghijklmnopqrstuvwxyz .,\n"))
+    model = GPT(preset("tiny-gpt", vocab_size=tok.vocab_size, max_len=48)).eval()
+    completer = Completer(model, tok)
+    with pytest.warns(PrecompileNotice, match=r"pid 4242"):
+        completer.complete("ab", max_new_tokens=PRECOMPILED_AFTER, temperature=0)
+    assert [path for path, _ in started] == [precompiled.package_path(model, 1)]
+    assert "build_from_input" in started[0][1][2]  # the builder of a model held in memory
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecompileNotice)
+        completer.complete("ab", max_new_tokens=PRECOMPILED_AFTER - 1, temperature=0)  # too short: none
+        # A step chosen by the caller (qkv generate, for its batch sizes): the caller builds, not the Completer.
+        completer.complete("ab", max_new_tokens=PRECOMPILED_AFTER, temperature=0,
+                           step=completer.policy.choose(PRECOMPILED_AFTER))
+        completer.complete_batch(["ab", "cd"], max_new_tokens=4, temperature=0)
+    assert len(started) == 1
+
+
+def test_a_builder_refuses_a_model_that_is_not_the_one_its_package_is_for():
+    torch.manual_seed(0)
+    model, other = GPT(preset("tiny-gpt")).eval(), GPT(preset("tiny-gpt")).eval()
+    path = precompiled.package_path(other)
+    precompiled._write_input(model, path)  # the wrong model beside the package's name
+    with pytest.raises(DataError, match="is not the one whose step"):
+        precompiled.build_from_input(path, 1)
+    assert not path.with_suffix(".input").exists()  # what it read is deleted, built or not
