@@ -129,7 +129,8 @@ class StepPolicy:
         (none where one runs, none was started, or the environment turns them off)."""
         later = self.build_later(step)
         if later is not None and later.news:
-            warnings.warn(later.line, PrecompileNotice, stacklevel=3)
+            # Past notify, the generation and the wrapper of its @torch.no_grad: the line of the caller.
+            warnings.warn(later.line, PrecompileNotice, stacklevel=4)
 
     def _compiles(self, max_new_tokens: int, rows: int) -> bool:
         """Whether such a generation runs torch.compile's step, where no package runs: one prompt only (larger
