@@ -7,7 +7,7 @@ qkv.accel.precompiled builds a GPT's step (the self-attention caches and the cro
 and values as inputs, the key mask's length the one dynamic size, the weights frozen), and timed beside
 the eager step over the same 30 steps, and beside the whole searches of qkv and CTranslate2 (per step:
 a search's time over its 31 steps). The exported step is for timing only: the decoder embeds the
-position its cache's length gives, which the slot-written caches leave at the first step's, so its
+position its caches' length gives, which the step's slot-written caches keep at the first step's, so its
 logits are not the search's. ``--with-choice`` also exports the step together with what the search
 does next on the device, the log-softmax and the choice of the 2k best continuations of each sentence
 (``_best_continuations``), and times that graph beside the same work eager (``choice-aot`` and
@@ -35,10 +35,10 @@ from beam_mt import BEAM, NEW, SIZES, model_of, searches, sources  # noqa: E402
 from common import decoding_bench_args, median_of, run_alternating, time_steps, write_result  # noqa: E402
 
 from qkv.generation.beam import _best_continuations  # noqa: E402
-from qkv.accel.compiled import CompiledStep, caches_of  # noqa: E402
+from qkv.accel.compiled import CompiledStep, SlotCache, caches_of  # noqa: E402
 from qkv.accel.kernels import decoding_model  # noqa: E402
 from qkv.accel.precompiled import PACKAGE_OPTIONS  # noqa: E402
-from qkv.modules.attention import padding_mask  # noqa: E402
+from qkv.modules.attention import StaticKV, padding_mask  # noqa: E402
 
 PACKAGE_ENV = "QKV_BENCH_BEAM_PACKAGE"
 SLOTS = NEW + 2  # the caches: the search's 31 steps, and one slot more (qkv.accel.precompiled.cache_slots)
@@ -81,13 +81,13 @@ class _Step(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor, mask: Tensor, slot: Tensor, src_mask: Tensor, *kv: Tensor) -> Tensor:
-        caches = caches_of(self.model)
-        n = 2 * len(caches)
-        for cache, k, v in zip(caches, kv[0:n:2], kv[1:n:2]):
-            cache.k, cache.v, cache.slot, cache.span = k, v, slot, mask.shape[-1]  # (N K, H, SLOTS, Dh)
-        for layer, k, v in zip(self.model.decoder_layers, kv[n::2], kv[n + 1::2]):
-            layer.cross_attn.cache.k, layer.cross_attn.cache.v = k, v  # (N, H, S, Dh)
-        return self.model.decode(tokens, None, src_mask, tgt_mask=mask)  # (N K, 1, V)
+        n = 2 * len(self.model.decoder_layers)
+        # (N K, H, SLOTS, Dh) each; the first step's length: the position every step embeds (timing only)
+        own = [SlotCache(k, v, slot, length=1, span=mask.shape[-1]) for k, v in zip(kv[0:n:2], kv[1:n:2])]
+        cross = [StaticKV() for _ in own]
+        for cache, k, v in zip(cross, kv[n::2], kv[n + 1::2]):
+            cache.set(k, v)  # (N, H, S, Dh)
+        return self.model.decode(tokens, None, src_mask, tgt_mask=mask, caches=list(zip(own, cross)))  # (N K, 1, V)
 
 
 class _StepAndChoice(nn.Module):

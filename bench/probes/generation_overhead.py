@@ -11,11 +11,14 @@ compared with the same probe:
     PYTHONPATH=/path/to/other/checkout python bench/probes/generation_overhead.py --how default
 
 ``default`` is ``compile=None``: the package of the step where one was built (``XDG_CACHE_HOME``), else eager.
+It also times what a decoding copy of the model costs (``copy_ms``, qkv.accel.swap.decoding_copy, where the qkv
+has one) beside ``copy.deepcopy`` of the modules with every tensor kept (``deepcopy_ms``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -29,6 +32,26 @@ from generate_gpt import NEW, PROMPT, VOCAB  # noqa: E402
 
 import qkv  # noqa: E402
 from qkv import GPT, generate, preset  # noqa: E402
+
+
+def copy_costs(model: torch.nn.Module, times: int = 50) -> dict[str, float | None]:
+    """The median ms of a decoding copy of ``model`` (None before qkv had one) and of copy.deepcopy of it."""
+    try:
+        from qkv.accel.swap import decoding_copy
+    except ImportError:  # a commit before the decoding copy
+        decoding_copy = None
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+
+    def median_ms(make) -> float:
+        seconds = []
+        for _ in range(times):
+            t0 = time.perf_counter()
+            make()
+            seconds.append(time.perf_counter() - t0)
+        return 1000 * statistics.median(seconds)
+
+    return {"copy_ms": None if decoding_copy is None else median_ms(lambda: decoding_copy(model)),
+            "deepcopy_ms": median_ms(lambda: copy.deepcopy(model, dict(tensors)))}
 
 
 def main() -> None:
@@ -51,7 +74,7 @@ def main() -> None:
             totals.append(time.perf_counter() - t0)
             first.append(stamps[0] - t0)
             steps.append(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
-    result = {"how": args.how, "qkv": os.path.dirname(qkv.__file__), "rounds": args.rounds,
+    result = {"how": args.how, **copy_costs(model), "qkv": os.path.dirname(qkv.__file__), "rounds": args.rounds,
               "first_token_ms": [1000 * s for s in first], "step_median_ms": [1000 * s for s in steps],
               "generation_ms": [1000 * s for s in totals]}
     print(json.dumps(result))

@@ -54,7 +54,6 @@ from qkv.files import atomic_path, user_cache
 from qkv.models import GPT
 from qkv.models.kinds import build_model
 from qkv.settings import from_dict, to_dict
-from qkv.modules.attention import SelfAttention
 
 # Part of every package's name: raise it when the step's inputs or its transformation change.
 FORMAT = 2
@@ -140,19 +139,17 @@ class _Step(nn.Module):
     over the slots written so far (its length, ``span``, is the one size that varies from step to step), the
     cache slot, and each self-attention cache's keys and values, which the step writes at the slot.
 
-    ``model``: a compiled step's model (``CompiledStep.model``), its own: each of its self-attentions is given
-    a cache over the keys and values passed in, the inputs export traces."""
+    ``model``: a compiled step's model (``CompiledStep.model``): the step passes it a cache per layer over the
+    keys and values it is given, the inputs export traces (the model's own caches are not read)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.attentions = [m for m in model.modules() if isinstance(m, SelfAttention) and m.cache is not None]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, slot: Tensor, *kv: Tensor) -> Tensor:
         span = mask.shape[-1]  # mask (B, 1, 1, span): attention reads the first span slots, not all of them
-        for attention, k, v in zip(self.attentions, kv[0::2], kv[1::2]):  # k, v: (B, H, L + 1, d_k | d_v)
-            attention.cache = SlotCache(k, v, slot, span=span)
-        return self.model(tokens, mask=mask, positions=positions)  # (B, 1, V)
+        caches = [SlotCache(k, v, slot, span=span) for k, v in zip(kv[0::2], kv[1::2])]  # (B, H, L + 1, d_k | d_v)
+        return self.model(tokens, mask=mask, positions=positions, caches=caches)  # (B, 1, V)
 
 
 @torch.no_grad()

@@ -3,11 +3,11 @@ generation, in which the speed-ups of decoding are swapped in as modules.
 
 A generation never changes the model it is given (gpt-fast's rule: a model is put into its decoding form once
 and never undone). :func:`decoding_copy` copies the modules (their structure, configuration, caches and hooks),
-not the weights: every parameter and buffer of the copy is the model's own tensor, so the copy costs
-a fraction of a millisecond and no memory, sees a weight changed since, and whatever stops a generation leaves nothing to put
-back. :func:`swap_modules` then replaces submodules of the copy by setattr on their parent, as
-``qkv.modules.lora`` swaps its adapters in: packed linear maps (qkv.accel.kernels), the modules of a compiled
-step (qkv.accel.compiled), int8 ones (qkv.accel.quantize).
+not the weights: every parameter and buffer of the copy is the model's own tensor, so the copy costs little
+time and no memory (docs/BENCHMARKS.md, "Decoding on a copy of the model"), sees a weight changed since, and
+whatever stops a generation leaves nothing to put back. :func:`swap_modules` then replaces submodules of the
+copy by setattr on their parent, as ``qkv.modules.lora`` swaps its adapters in: packed linear maps
+(qkv.accel.kernels), the modules of a compiled step (qkv.accel.compiled), int8 ones (qkv.accel.quantize).
 
 What the copy keeps for the tools that look at a generation: the model's hooks, on the copy's modules, and
 on a module swapped in those of the one it replaces (``qkv.interpret.ablation.heads_off`` turns heads off by a
@@ -34,8 +34,8 @@ def decoding_copy(model: nn.Module) -> nn.Module:
 
 def _copy_tree(module: nn.Module, copies: dict[int, nn.Module]) -> nn.Module:
     """``module`` as a new object in eval mode (:func:`rebuilt`) whose submodules are copied the same way (a
-    module at two places stays one, ``copies``). A fraction of a millisecond for a GPT, where copy.deepcopy
-    spent several."""
+    module at two places stays one, ``copies``): copy.deepcopy would also copy every attribute's value, for
+    nothing, in a few times the time."""
     if id(module) in copies:
         return copies[id(module)]
     new = copies[id(module)] = rebuilt(module, type(module))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import reorder_caches
+from qkv.modules.attention import KVCache, reorder_caches
 from qkv.modules.layers import DecoderLayer, build_positional
 
 
@@ -55,7 +56,8 @@ class GPT(nn.Module):
             x = x + self.positional(idx.shape[1], offset=offset, positions=positions)
         return self.dropout(x)
 
-    def forward(self, idx: Tensor, mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+    def forward(self, idx: Tensor, mask: Tensor | None = None, positions: Tensor | None = None,
+                caches: Sequence[KVCache] | None = None) -> Tensor:
         """Next-token logits for every position.
 
         Args:
@@ -63,15 +65,18 @@ class GPT(nn.Module):
             mask: optional (B, 1, 1, L) key padding mask over all L keys (cached + new), for batches of
                 left-padded prompts. Causality is always applied.
             positions: optional (B, T) absolute positions (left padding shifts them per row).
+            caches: one KV cache per layer, when their owner passes them (a step compiled ahead of time,
+                whose caches are its inputs); default: the caches ``setup_cache`` gave the layers.
 
         Returns:
             logits: (B, T, V).
         """
         if idx.dim() != 2:
             raise ValueError(f"GPT expects token ids of shape (B, T), got {tuple(idx.shape)}")
-        x = self.embed(idx, offset=self.layers[0].self_attn.cached, positions=positions)
-        for layer in self.layers:
-            x = layer(x, self_mask=mask, positions=positions)
+        caches = caches or [layer.self_attn.cache for layer in self.layers]
+        x = self.embed(idx, offset=caches[0].length if caches[0] is not None else 0, positions=positions)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, self_mask=mask, positions=positions, self_cache=cache)
         return self.lm_head(self.final_norm(x))
 
     # ------------------------------------------------------------------------------------------

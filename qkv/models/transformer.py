@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import padding_mask, reorder_caches
+from qkv.modules.attention import KVCache, StaticKV, padding_mask, reorder_caches
 from qkv.modules.layers import DecoderLayer, EncoderLayer, build_positional
 from qkv.modules.packing import UNPACKED, Layout, packing_for
 
@@ -91,7 +93,8 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor | None,
                tgt_mask: Tensor | None = None, keep: Tensor | None = None,
-               memory_layout: Layout = UNPACKED) -> Tensor:
+               memory_layout: Layout = UNPACKED,
+               caches: Sequence[tuple[KVCache, StaticKV]] | None = None) -> Tensor:
         """Run the decoder stack and the output projection.
 
         Args:
@@ -105,17 +108,20 @@ class Transformer(nn.Module):
             keep: optional (B, T) bool: score only these positions (the ones the loss counts). The
                 projection onto the vocabulary is the largest matrix multiply of a small model; padding
                 positions need none of it.
+            caches: each layer's self-attention and cross-attention caches, when their owner passes them
+                (a step compiled ahead of time); default: the caches ``setup_cache`` gave the layers.
 
         Returns:
             logits: (B, T, V), or (N, V) for the N positions of ``keep``.
         """
-        first = self.decoder_layers[0].self_attn
+        caches = caches or [(layer.self_attn.cache, layer.cross_attn.cache) for layer in self.decoder_layers]
+        first = caches[0][0]
         # Teacher forcing packs the real target tokens; a cached decoding step feeds every row.
-        layout = UNPACKED if first.cache is not None else packing_for(tgt, self.cfg.pad_id)
-        x = layout.pack(self.embed(tgt, offset=first.cached))  # (N, D) or (B, T, D)
-        for layer in self.decoder_layers:
+        layout = UNPACKED if first is not None else packing_for(tgt, self.cfg.pad_id)
+        x = layout.pack(self.embed(tgt, offset=first.length if first is not None else 0))  # (N, D) or (B, T, D)
+        for layer, (self_cache, cross_cache) in zip(self.decoder_layers, caches, strict=True):
             x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, layout=layout,
-                      memory_layout=memory_layout)
+                      memory_layout=memory_layout, self_cache=self_cache, cross_cache=cross_cache)
         x = self.decoder_norm(x)
         if layout.packs and keep is not None and torch.equal(keep, layout.keep):
             return self.lm_head(x)  # already exactly the kept positions, in order

@@ -230,9 +230,9 @@ class SelfAttention(Attention):
     """Queries, keys and values from the same sequence: W^Q, W^K and W^V stacked in ``in_proj`` (3D, D), as
     torch.nn.MultiheadAttention and GPT-2 store them, so one matrix multiply projects all three.
 
-    With RoPE, queries and keys are rotated by their positions. In decoding, ``cache`` (a
-    :class:`KVCache`, installed by the model's ``setup_cache``) keeps the keys and
-    values of the positions already seen, so a step computes only its own.
+    With RoPE, queries and keys are rotated by their positions. In decoding, a :class:`KVCache` keeps the keys
+    and values of the positions already seen, so a step computes only its own: the one its owner passes
+    (``cache=``), else ``cache``, installed by the model's ``setup_cache``.
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
@@ -246,11 +246,6 @@ class SelfAttention(Attention):
     def setup_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         self.cache = KVCache(batch_size, self.n_heads, max_len, self.d_v, dtype=dtype, device=device, d_k=self.d_k)
 
-    @property
-    def cached(self) -> int:
-        """Positions already in the cache (0 without one): where the next input starts."""
-        return self.cache.length if self.cache is not None else 0
-
     def forward(
         self,
         x: Tensor,
@@ -259,6 +254,7 @@ class SelfAttention(Attention):
         positions: Tensor | None = None,
         need_weights: bool = False,
         layout: Layout = UNPACKED,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from every position of ``x`` to the others (and to the cached ones).
 
@@ -269,18 +265,22 @@ class SelfAttention(Attention):
             positions: (B, T) absolute positions for RoPE (default: after the cached ones).
             need_weights: also return the weights (B, H, T, L).
             layout: how ``x`` is laid out; the output is laid out the same way.
+            cache: the KV cache to read and append to, given by its owner (a step compiled ahead of time
+                passes caches over its inputs); default: the module's own, from ``setup_cache``.
 
         Returns:
             (output of x's shape, weights or None).
         """
         self._check_input(x, layout)
+        cache = self.cache if cache is None else cache
         qkv = layout.unpack(self.in_proj(x))  # (B, T, 2 H d_k + D): attention needs the positions laid out
         q, k, v = (self.split_heads(z) for z in qkv.split(self.qkv_sizes, dim=-1))  # (B, H, T, d_k|d_k|d_v)
         if self.rope is not None:
-            q = self.rope(q, offset=self.cached, positions=positions)
-            k = self.rope(k, offset=self.cached, positions=positions)
-        if self.cache is not None:
-            k, v = self.cache.update(k, v)  # (B, H, cached + T, d_k | d_v)
+            offset = cache.length if cache is not None else 0  # the positions cached before this call's
+            q = self.rope(q, offset=offset, positions=positions)
+            k = self.rope(k, offset=offset, positions=positions)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H, cached + T, d_k | d_v)
         out, weights = self.attend(q, k, v, mask, is_causal, need_weights)
         return self.merge_heads(out, layout), weights
 
@@ -315,6 +315,7 @@ class CrossAttention(Attention):
         need_weights: bool = False,
         layout: Layout = UNPACKED,
         memory_layout: Layout = UNPACKED,
+        cache: StaticKV | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to ``memory``.
 
@@ -324,15 +325,17 @@ class CrossAttention(Attention):
                 for groups of g rows of ``x``; None once the cache holds the sources' keys and values.
             mask: source padding, (B, 1, 1, S); (B / g, 1, 1, S) for grouped memory.
             need_weights: also return the weights (B, H, T, S).
+            cache: the sources' keys and values, given by their owner; default: the module's own.
 
         Returns:
             (output of x's shape, weights or None).
         """
         self._check_input(x, layout)
+        cache = self.cache if cache is None else cache
         q = self.split_heads(layout.unpack(self.q_proj(x)))  # (B, H, T, d_k)
         b, _, t, _ = q.shape
-        if self.cache is not None and self.cache.filled:
-            k, v = self.cache.k, self.cache.v  # computed once per source, reused at every step
+        if cache is not None and cache.filled:
+            k, v = cache.k, cache.v  # computed once per source, reused at every step
         else:
             if memory is None:
                 raise ValueError("cross-attention needs the encoder output (memory)")
@@ -341,10 +344,10 @@ class CrossAttention(Attention):
                                  f"got {tuple(memory.shape)}")
             kv = memory_layout.unpack(self.kv_proj(memory))  # (B, S, H d_k + D)
             k, v = (self.split_heads(z) for z in kv.split(self.kv_sizes, dim=-1))  # (B, H, S, d_k), (B, H, S, d_v)
-            if self.cache is not None:
+            if cache is not None:
                 # Contiguous: every step reads them, and the kernel reads one block per head faster.
                 k, v = k.contiguous(), v.contiguous()
-                self.cache.set(k, v)
+                cache.set(k, v)
         # The g rows of a group (a beam's hypotheses) share one source: g * T queries of it.
         sources = k.shape[0]
         if sources != b and (sources == 0 or b % sources):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import CrossAttention, SelfAttention
+from qkv.modules.attention import CrossAttention, KVCache, SelfAttention, StaticKV
 from qkv.modules.packing import UNPACKED, Layout
 
 
@@ -122,16 +122,18 @@ class DecoderLayer(nn.Module):
         positions: Tensor | None = None,
         layout: Layout = UNPACKED,
         memory_layout: Layout = UNPACKED,
+        self_cache: KVCache | None = None,
+        cross_cache: StaticKV | None = None,
     ) -> Tensor:
         """x: (B, T, D), or (N, D) in a packed ``layout``; memory: (B, S, D), or (N_s, D) in a packed
         ``memory_layout``; self_mask: key padding (B, 1, 1, L) or None (causality is always applied);
-        memory_mask: source padding (B, 1, 1, S). Returns x's shape."""
-        x = self.self_attn_sublayer(
-            x, lambda h: self.self_attn(h, mask=self_mask, is_causal=True, positions=positions, layout=layout)[0]
-        )
+        memory_mask: source padding (B, 1, 1, S); self_cache, cross_cache: the attentions' caches when their
+        owner passes them (default: the attentions' own). Returns x's shape."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(
+            h, mask=self_mask, is_causal=True, positions=positions, layout=layout, cache=self_cache)[0])
         if self.cross_attn is not None:
             x = self.cross_attn_sublayer(x, lambda h: self.cross_attn(
-                h, memory, mask=memory_mask, layout=layout, memory_layout=memory_layout)[0])
+                h, memory, mask=memory_mask, layout=layout, memory_layout=memory_layout, cache=cross_cache)[0])
         return self.ff_sublayer(x, self.feed_forward)
 
 

@@ -12,12 +12,14 @@ import torch
 
 from qkv import GPT, preset
 from qkv.accel import precompiled
-from qkv.accel.compiled import cpu_compiler_available
+from qkv.accel.compiled import CompiledStep, cpu_compiler_available
+from qkv.accel.kernels import decoding_model
 from qkv.errors import DataError
 from qkv.generation.policy import COMPILE_AFTER, PRECOMPILED_AFTER, PrecompileNotice, StepPolicy
 from qkv.accel.precompiled import PACKAGES_KEPT
 from qkv.generation import decode, generate
 from qkv.generation.completer import Completer
+from qkv.modules.attention import SelfAttention
 from qkv.tokenizers.char import CharTokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_compiler_available(), reason="AOTInductor builds C++: it needs a compiler")
@@ -35,6 +37,24 @@ def compiles(completer: Completer, n: int) -> bool:
 @pytest.fixture(autouse=True)
 def user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_the_step_export_traces_is_given_its_caches_and_installs_none():
+    # The package's step writes the keys and values it is given, through caches passed to the model's
+    # forward: the step model's own caches are neither replaced nor written.
+    model = GPT(preset("tiny-gpt", max_len=16)).eval()
+    step = CompiledStep(decoding_model(model, 1, precompiled.cache_slots(model), packed=False),
+                        torch.ones(1, 1, dtype=torch.bool))
+    own = [m.cache for m in step.model.modules() if isinstance(m, SelfAttention)]
+    kv = [torch.zeros_like(t) for cache in own for t in (cache.k, cache.v)]  # (1, H, 17, d_k | d_v) each
+    mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)  # the span: slots 0..4
+    with torch.no_grad():
+        logits = precompiled._Step(step.model)(torch.tensor([[7]]), torch.tensor([[3]]), mask, torch.tensor([3]), *kv)
+    assert logits.shape == (1, 1, model.cfg.vocab_size)
+    assert [m.cache for m in step.model.modules() if isinstance(m, SelfAttention)] == own
+    assert all(not cache.k.any() and not cache.v.any() for cache in own)
+    written = [t[:, :, 3].abs().sum() > 0 for t in kv]
+    assert all(written) and not any(t[:, :, 4:].any() or t[:, :, :3].any() for t in kv)
 
 
 def test_a_loaded_step_gives_the_eager_tokens_and_only_for_the_weights_it_was_built_for():

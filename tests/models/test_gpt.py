@@ -4,6 +4,7 @@ import torch
 from qkv import GPT, ModelConfig, preset
 from qkv.generation import generate
 from qkv.models import count_parameters
+from qkv.modules.attention import KVCache
 
 transformers = pytest.importorskip("transformers")
 
@@ -116,6 +117,21 @@ def test_cached_logits_equal_uncached():
     steps = [m(x[:, :4])] + [m(x[:, i:i + 1]) for i in range(4, 10)]
     m.clear_cache()
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_caches_passed_in_equal_the_layers_own_and_leave_them_alone(positional):
+    # The owner of the caches (a step compiled ahead of time) passes them to forward; nothing is installed.
+    m = GPT(preset("tiny-gpt", positional=positional)).eval()
+    x = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        full = m(x)
+        caches = [KVCache(2, layer.self_attn.n_heads, 16, layer.self_attn.d_v, d_k=layer.self_attn.d_k)
+                  for layer in m.layers]
+        steps = [m(x[:, :4], caches=caches)] + [m(x[:, i:i + 1], caches=caches) for i in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    assert [c.length for c in caches] == [10] * len(m.layers)
+    assert all(layer.self_attn.cache is None for layer in m.layers)
 
 
 def test_causality():

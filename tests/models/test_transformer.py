@@ -3,7 +3,7 @@ import torch
 
 from qkv import ModelConfig, Transformer, preset
 from qkv.models import count_parameters
-from qkv.modules.attention import padding_mask
+from qkv.modules.attention import KVCache, StaticKV, padding_mask
 
 
 def small_cfg(**kw):
@@ -142,6 +142,24 @@ def test_cached_decoding_equals_uncached(positional):
             steps.append(m.decode(tgt[:, i:i + 1], memory, src_mask))
         m.clear_cache()
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
+def test_caches_passed_to_decode_equal_the_layers_own_and_leave_them_alone(positional):
+    m = Transformer(small_cfg(positional=positional)).eval()
+    src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
+    tgt = torch.tensor([[1, 12, 13, 14, 15, 16], [1, 17, 18, 19, 20, 21]])
+    with torch.no_grad():
+        full = m(src, tgt)
+        memory, src_mask = m.encode(src), padding_mask(src, 0)
+        attention = m.decoder_layers[0].self_attn
+        caches = [(KVCache(2, attention.n_heads, 16, attention.d_v, d_k=attention.d_k), StaticKV())
+                  for _ in m.decoder_layers]
+        steps = [m.decode(tgt[:, :2], memory, src_mask, caches=caches)]
+        steps += [m.decode(tgt[:, i:i + 1], None, src_mask, caches=caches) for i in range(2, tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    assert all(own.length == 6 and cross.filled for own, cross in caches)
+    assert all(layer.self_attn.cache is None and layer.cross_attn.cache is None for layer in m.decoder_layers)
 
 
 def test_cached_decoding_with_shared_sources_equals_repeating_them():
