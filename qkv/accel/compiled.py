@@ -161,14 +161,15 @@ class CompiledStep:
         self.visible = torch.zeros(b, caches[0].max_len, dtype=torch.bool, device=prompt.device)  # (B, L)
         self.visible[:, :t] = prompt
         self.slot = torch.zeros(1, dtype=torch.long, device=prompt.device)
-        self.model = step_model(model, self.slot)
-        self.run = self.compile(self.model)
+        self.run = self.compile(model)
 
     def compile(self, model: nn.Module) -> Any:
-        """``model`` compiled for the step, as ``run(tokens, mask=..., positions=...)``: by torch.compile
-        here, lazily (the first call compiles); :class:`~qkv.accel.precompiled.LoadedStep` loads one
-        compiled ahead of time instead."""
-        return torch.compile(model, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
+        """The step over ``model``'s caches, as ``run(tokens, mask=..., positions=...)``: here its step model
+        (:func:`step_model`, kept as ``self.model``) compiled by torch.compile, lazily (the first call
+        compiles); :class:`~qkv.accel.precompiled.LoadedStep` loads one compiled ahead of time instead, and
+        makes no step model."""
+        self.model = step_model(model, self.slot)
+        return torch.compile(self.model, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
 
     def __call__(self, tokens: Tensor, positions: Tensor, slot: int) -> Tensor:
         """tokens, positions: (B, 1); slot: the cache slot the tokens go to. Returns (B, 1, V) logits."""

@@ -117,7 +117,7 @@ def generate(
     how = step.how
     # The decoding model: a copy of the model's modules in eval mode, sharing its weights (qkv.accel.swap), with
     # the caches and, for eager steps, the weights laid out for b-row products; compiled steps use no packing
-    # and run a copy of their own (CompiledStep.model). The model itself is not changed.
+    # and torch.compile's runs a copy of its own (CompiledStep.model). The model itself is not changed.
     # Compiled steps read caches of the model's whole context, as every generation of the process does: the
     # graph is specialised to the caches' length, and one length lets later generations reuse it (a cache of
     # `total` positions compiled anew, seconds, for every other length). A package's step was built for caches
