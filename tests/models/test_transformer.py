@@ -128,38 +128,28 @@ def test_decoder_is_causal():
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope"])
-def test_cached_decoding_equals_uncached(positional):
-    m = Transformer(small_cfg(positional=positional)).eval()
-    src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
-    tgt = torch.tensor([[1, 12, 13, 14, 15, 16], [1, 17, 18, 19, 20, 21]])
-    with torch.no_grad():
-        full = m(src, tgt)
-        memory = m.encode(src)
-        m.setup_cache(batch_size=2, max_len=16)
-        src_mask = padding_mask(src, 0)
-        steps = [m.decode(tgt[:, :2], memory, src_mask)]  # a 2-token prefill, then one at a time
-        for i in range(2, tgt.shape[1]):
-            steps.append(m.decode(tgt[:, i:i + 1], memory, src_mask))
-        m.clear_cache()
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
-def test_caches_passed_to_decode_equal_the_layers_own_and_leave_them_alone(positional):
+@pytest.mark.parametrize("passed", [False, True], ids=["own caches", "caches passed in"])
+def test_cached_decoding_equals_uncached(positional, passed):
     m = Transformer(small_cfg(positional=positional)).eval()
     src = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
     tgt = torch.tensor([[1, 12, 13, 14, 15, 16], [1, 17, 18, 19, 20, 21]])
     with torch.no_grad():
         full = m(src, tgt)
         memory, src_mask = m.encode(src), padding_mask(src, 0)
-        attention = m.decoder_layers[0].self_attn
-        caches = [(KVCache(2, attention.n_heads, 16, attention.d_v, d_k=attention.d_k), StaticKV())
-                  for _ in m.decoder_layers]
-        steps = [m.decode(tgt[:, :2], memory, src_mask, caches=caches)]
+        caches = None
+        if passed:  # their owner's, as a step compiled ahead of time passes them: the layers get none
+            attention = m.decoder_layers[0].self_attn
+            caches = [(KVCache(2, attention.n_heads, 16, attention.d_v, d_k=attention.d_k), StaticKV())
+                      for _ in m.decoder_layers]
+        else:
+            m.setup_cache(batch_size=2, max_len=16)
+        steps = [m.decode(tgt[:, :2], memory, src_mask, caches=caches)]  # a 2-token prefill, then one at a time
+        # The sources' keys and values are cached by the first step: the memory is not needed again.
         steps += [m.decode(tgt[:, i:i + 1], None, src_mask, caches=caches) for i in range(2, tgt.shape[1])]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
-    assert all(own.length == 6 and cross.filled for own, cross in caches)
-    assert all(layer.self_attn.cache is None and layer.cross_attn.cache is None for layer in m.decoder_layers)
+    if passed:
+        assert all(own.length == 6 and cross.filled for own, cross in caches)
+        assert all(layer.self_attn.cache is None and layer.cross_attn.cache is None for layer in m.decoder_layers)
 
 
 def test_cached_decoding_with_shared_sources_equals_repeating_them():
