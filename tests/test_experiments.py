@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from qkv.cli import main
-from qkv.experiments import table3
+from qkv.experiments import search, table3
 from qkv.experiments.grid import Variant, claim
 from qkv.devices import cpu_identity
 from qkv.training import loop
@@ -278,3 +278,43 @@ def test_the_plot_labels_points_away_from_the_base_without_overlapping():
     assert not boxes[1].overlaps(boxes[2]), "two labels of nearby points drawn over each other"
     frame = ax.bbox  # the points at the right edge are labelled on their left, inside the axes
     assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 for b in boxes), [(b.x0, b.x1) for b in boxes]
+
+
+def search_argv(tmp_path, *more: str) -> list[str]:
+    return ["experiment", "search", "--recipe", "demo", "--steps", "4", "--knobs", "model.norm,dropout-0.2",
+            "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--quiet", *more, *TINY]
+
+
+def test_a_tiny_search_scores_each_knob_on_the_validation_split_and_keeps_its_results(tmp_path, capsys, monkeypatch):
+    assert main(search_argv(tmp_path)) == 0
+    results = tmp_path / "results"
+    assert sorted(p.name for p in results.glob("*.json")) == ["base_seed1.json", "dropout-0.2_seed1.json",
+                                                                "norm-pre_seed1.json"]
+    row = json.loads((results / "norm-pre_seed1.json").read_text())
+    assert row["overrides"] == ["model.norm=pre", "train.seed=1"] and row["steps"] == 4
+    assert row["recipe"] == "demo" and row["base_changes"] == TINY and 0 <= row["bleu"] <= 100
+    cfg = json.loads((tmp_path / "runs" / "norm-pre_seed1" / "config.json").read_text())
+    assert cfg["data"]["test"] == cfg["data"]["valid"]  # chosen on the validation split: no test set read
+    assert cfg["train"]["test_beam"] == 4 and cfg["train"]["average_last"] == 0
+    md = (results / "search.md").read_text()
+    assert "| model.norm | norm-pre | 1 |" in md and "| base | base | 1 |" in md
+    assert (results / "search.png").stat().st_size > 1000
+
+    monkeypatch.setattr(table3, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained again")))
+    assert main(search_argv(tmp_path)) == 0 and "3 of 3 variants scored" in capsys.readouterr().err
+    assert main(search_argv(tmp_path, "--steps", "5")) == 2  # another budget on the same results: one line
+    assert "made with steps 4, this grid asks for 5" in capsys.readouterr().err
+    assert main(["experiment", "search", "--knobs", "model.nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--knobs: unknown ['model.nope']" in err and "norm-pre" in err and "Traceback" not in err
+
+
+def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(capsys):
+    grid = search.variants()
+    assert grid[0].name == "base_seed1" and len({v.name for v in grid}) == len(grid)
+    assert all(v.overrides[-1] == "train.seed=1" for v in grid)
+    wide = next(v for v in grid if v.label == "d_model-384")
+    assert wide.overrides[:3] == ("model.d_model=384", "model.n_heads=6", "model.d_ff=1536")  # the base's shape
+    assert search.short_steps("multi30k_de_en") == 3452 // 4
+    assert main(["experiment", "search", "--recipe", "demo"]) == 2  # no budget known: --steps
+    assert "no step budget is known for the recipe 'demo'" in capsys.readouterr().err

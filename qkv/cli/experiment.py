@@ -1,5 +1,6 @@
-"""``qkv experiment table3|forgetting``: the paper's Table 3 at small scale (qkv.experiments.table3), and
-catastrophic forgetting with its three cures (qkv.experiments.forgetting); resumable, side by side."""
+"""``qkv experiment table3|search|forgetting``: the paper's Table 3 at small scale (qkv.experiments.table3), the
+search for the best translator a recipe's budget trains (qkv.experiments.search), and catastrophic forgetting
+with its three cures (qkv.experiments.forgetting); resumable, side by side."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qkv.cli.common import positive_int
-from qkv.experiments import forgetting, table3
+from qkv.experiments import forgetting, search, table3
 from qkv.experiments.grid import SIDE_BY_SIDE, Variant, check_results, read_results, run_grid, time_left
 from qkv.errors import DataError
 from qkv.files import write_text
 
 RESULTS_DEFAULT = Path("docs") / "results" / "table3"
 FORGETTING_RESULTS = Path("docs") / "results" / "forgetting"
+SEARCH_RESULTS = Path("docs") / "results" / "search"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``experiment`` with its ``table3`` kind to the ``qkv`` command line."""
     group = subparsers.add_parser("experiment", help="the experiments: table3 (the paper's variations on the "
-                                                     "Transformer), forgetting (fine-tuning and its cures)")
+                                                     "Transformer), search (the best translator of a recipe's "
+                                                     "budget), forgetting (fine-tuning and its cures)")
     sub = group.add_subparsers(dest="experiment", metavar="NAME", required=True)
     p = sub.add_parser("table3", help="Table 3 of the paper at small scale: heads, key size, size, regularization, "
                                       "positions, every variant the same steps (docs/EXPERIMENTS.md)")
@@ -47,6 +50,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                                      "(before the variant's own)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_table3)
+
+    p = sub.add_parser("search", help="the best translator a recipe's budget trains: one knob at a time, short "
+                                      "runs first, chosen on the validation split (docs/EXPERIMENTS.md)")
+    p.add_argument("--recipe", default="multi30k_de_en", help=f"the recipe searched around, one of "
+                                                              f"{', '.join(search.BUDGETS)} (default multi30k_de_en)")
+    p.add_argument("--steps", type=positive_int, help=f"training steps of every variant (default: 1/{search.SHORT} "
+                                                      "of the recipe's budget; the budget itself for the runs at "
+                                                      "full length)")
+    p.add_argument("--knobs", help="only these knobs or variants, e.g. model.dropout,norm-pre (default: all)")
+    p.add_argument("--seeds", type=positive_int, default=1, help="seeds per variant (default 1)")
+    p.add_argument("--out", help="the variants' run directories (default runs/search/RECIPE-STEPS)")
+    p.add_argument("--results", help=f"each variant's JSON result, the table and the plot (default "
+                                     f"{SEARCH_RESULTS}/RECIPE-STEPS)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
+                                                                "and one thread each (default 1)")
+    p.add_argument("--report", action="store_true", help="only write the table and plot from the results there are")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="changes to the recipe for every variant "
+                                                                     "(before the variant's own)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("forgetting", help="catastrophic forgetting: a Shakespeare GPT fine-tuned on the demo "
                                           "translations, plain and with three cures, three seeds each")
@@ -99,6 +122,37 @@ def cmd_table3(args: argparse.Namespace) -> int:
                          table3.against(results, other, grid)))
     print(f"{len(results)} of {len(grid)} variants scored", file=sys.stderr)
     _say_time_left(results, grid, args.jobs)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    steps = args.steps or search.short_steps(args.recipe)
+    knobs = [k.strip() for k in args.knobs.split(",")] if args.knobs else None
+    known = {v.row for v in search.variants()} | {v.label for v in search.variants()}
+    if knobs and not set(knobs) <= known:
+        raise ValueError(f"--knobs: unknown {sorted(set(knobs) - known)}; the knobs are {list(search.KNOBS)}, "
+                         f"the variants {sorted({v.label for v in search.variants()} - {'base'})}")
+    grid = search.variants(knobs, args.seeds)
+    name = f"{Path(args.recipe).stem}-{steps}"
+    out, results = Path(args.out or Path("runs") / "search" / name), Path(args.results or SEARCH_RESULTS / name)
+    check_results(results, grid, {"steps": None, "recipe": None, "base_changes": None} if args.report else
+                  {"steps": steps, "recipe": str(args.recipe), "base_changes": list(args.overrides)})
+    if not args.report:
+        search.recipe_of(grid[0], args.recipe, steps, args.overrides)  # checked before any training
+        if args.jobs > 1:
+            code = _workers(args)
+            if code:
+                return code
+        else:
+            run_grid(grid, out, results, partial(search.train_and_score, recipe=args.recipe, steps=steps,
+                                                 extra=args.overrides), _log("search", args.quiet))
+    found = read_results(results, grid)
+    if args.report:
+        nothing_to_report(results, found, "search")
+    for path in search.write_report(found, grid, args.recipe, results, args.overrides):
+        print(path)
+    print(f"{len(found)} of {len(grid)} variants scored", file=sys.stderr)
+    _say_time_left(found, grid, args.jobs)
     return 0
 
 

@@ -129,8 +129,16 @@ def recipe_of(variant: Variant, steps: int, base: str | Path = BASE_RECIPE, extr
 def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base: str | Path = BASE_RECIPE,
                     extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
     """Train (or resume) the variant, then its row of the table: validation perplexity, BLEU, parameters."""
-    # On resume, the run's own config, as it started (the same overrides).
-    cfg = recipes.load("mt", None, [], run, resume=True) if resume else recipe_of(variant, steps, base, extra)
+    return {**trained_and_scored(None if resume else recipe_of(variant, steps, base, extra), run, quiet),
+            "base_changes": list(extra)}  # the grid's own changes to the base (``model.norm=pre``), if any
+
+
+def trained_and_scored(cfg: MTRecipe | None, run: Path, quiet: bool = True) -> dict[str, Any]:
+    """Train the recipe ``cfg`` into ``run`` (None: resume the run, on its own config as it started), then what
+    a grid's table shows of it: steps, time, parameters, the chosen weights' validation NLL and perplexity,
+    and the scores of its "test" split (a grid's recipes make it the validation split)."""
+    resume = cfg is None
+    cfg = recipes.load("mt", None, [], run, resume=True) if resume else cfg
     summary = train(cfg, run, resume=resume, overwrite=not resume, quiet=quiet).summary
     chosen = summary["final"]
     select = [r for r in read_metrics(run / METRICS_FILE) if r["split"] == "select" and r["candidate"] == chosen]
@@ -139,8 +147,7 @@ def train_and_score(variant: Variant, run: Path, resume: bool, steps: int, base:
             "parameters": summary["parameters"], "nll": nll, "ppl": math.exp(nll),
             "bleu": summary["test"]["bleu"], "chrf": summary["test"]["chrf"], "weights": chosen,
             "bleu_signature": summary["test"].get("bleu_signature"),
-            "length_ratio": summary["test"].get("length_ratio"),
-            "base_changes": list(extra)}  # the grid's own changes to the base (``model.norm=pre``), if any
+            "length_ratio": summary["test"].get("length_ratio")}
 
 
 def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
@@ -401,5 +408,5 @@ def write_explorer_table(results_dir: str | Path, path: Path = EXPLORER_FILE) ->
                       "strict JSON below.\n */\nglobalThis.QKVTable3 = " + body + ";\n")
 
 
-__all__ = ["EXPLORER_ROWS", "explorer_table", "write_explorer_table", "BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "table",
+__all__ = ["EXPLORER_ROWS", "explorer_table", "write_explorer_table", "BASE_RECIPE", "STEPS", "SEEDS", "PAPER", "ROWS", "stem", "variants", "recipe_of", "train_and_score", "trained_and_scored", "table",
            "paired_deltas", "against", "markdown", "plot", "write_report", "base_overrides"]

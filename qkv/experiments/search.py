@@ -1,0 +1,222 @@
+"""The search for the best translator a recipe's budget trains: one knob at a time around a recipe of
+``qkv/recipes/mt/``, every variant the same steps, chosen on the validation split.
+
+The knobs are those the work on small, low-resource Transformers turns (model width and depth, pre- or
+post-LayerNorm, dropout and attention dropout, label smoothing, the size of the joint BPE vocabulary,
+warmup and peak learning rate, tokens a batch). Short runs come first (a quarter of the recipe's step
+budget, the recipe's own schedule: its first quarter), and the best few then run at the whole budget
+(``--steps`` the budget, ``--knobs`` the few). Every variant is scored on the validation split (beam 4,
+length penalty 0.6, the last weights): no test set is read, so none is tuned on.
+
+    qkv experiment search --recipe multi30k_de_en --jobs 2           # the short runs, two side by side
+    qkv experiment search --recipe multi30k_de_en --report           # the table and the plot of what is there
+
+A grid of qkv.experiments.grid: resumable, results in ``docs/results/search/RECIPE-STEPS``; the table and the
+plot (validation BLEU against each knob's value) beside them; docs/EXPERIMENTS.md says what came of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from qkv.experiments.grid import Variant, spread
+from qkv.experiments.table3 import paired_deltas, trained_and_scored
+from qkv.files import as_os_error, atomic_path, write_text
+from qkv.recipes import MTRecipe
+from qkv.training import recipes
+
+# Each recipe's budget: the optimizer steps it trained in the README's time on the 2-core machine, one thread
+# (docs/results/multi30k.md, cmn_eng.md). The search counts steps, not minutes, so that its runs compare on a
+# shared machine; the table shows what each variant's steps cost in time beside the base's.
+BUDGETS = {"multi30k_de_en": 3452, "multi30k_en_de": 1403, "cmn_eng_zh_en": 2407}
+SHORT = 4  # a short run trains budget / SHORT steps
+
+# The knobs, in the order the short runs take them (first those whose effect shows early: the optimisation
+# and the vocabulary; regularisation pays late), and the values tried beside the recipe's own.
+KNOBS: dict[str, tuple[Any, ...]] = {
+    "model.norm": ("pre",),
+    "train.peak_lr": (5.0e-4, 2.0e-3),
+    "data.vocab_size": (4000, 12000),
+    "train.warmup": (200, 800),
+    "data.max_tokens": (1500, 4000),
+    "model.n_layers": (2, 4),
+    "model.d_model": (384,),
+    "model.dropout": (0.2, 0.3),
+    "model.attn_dropout": (0.1,),
+    "train.label_smoothing": (0.0, 0.2),
+}
+# A wider model keeps the base's shape: heads of 64 dimensions, d_ff four times d_model.
+COUPLED: dict[str, Callable[[Any], tuple[str, ...]]] = {
+    "model.d_model": lambda d: (f"model.n_heads={d // 64}", f"model.d_ff={4 * d}"),
+}
+
+
+def short_steps(recipe: str) -> int:
+    """The steps of a short run of ``recipe``: a quarter of its budget."""
+    if recipe not in BUDGETS:
+        raise ValueError(f"no step budget is known for the recipe {recipe!r}; the search knows {sorted(BUDGETS)} "
+                         "(give --steps)")
+    return BUDGETS[recipe] // SHORT
+
+
+def search_overrides(steps: int) -> list[str]:
+    """What turns a shipped recipe into the search's base: a step budget and no time limit, an evaluation
+    halfway (a checkpoint to resume from) and at the end, the last weights (no averaging: a decoding knob,
+    for the runs at the whole budget), scored with beam 4 on every validation sentence, one thread."""
+    return [f"train.steps={steps}", "train.max_minutes=null", f"train.eval_every={max(steps // 2, 1)}",
+            "train.average_last=0", "train.keep_checkpoints=1", "train.eval_bleu_sentences=0", "train.patience=0",
+            "train.best_metric=loss", "train.test_beam=4", "train.test_alpha=0.6", "train.threads=1"]
+
+
+def name_of(key: str, value: Any) -> str:
+    """A variant's name without its seed: ``dropout-0.2``, ``norm-pre``."""
+    return f"{key.split('.')[-1]}-{value}"
+
+
+def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant]:
+    """The base, then each value of each knob (``knobs``: only these keys or variant names), ``seeds`` seeds each."""
+    cells = [("base", "base", ())]
+    for key, values in KNOBS.items():
+        for value in values:
+            overrides = (f"{key}={value}", *COUPLED.get(key, lambda _: ())(value))
+            cells.append((key, name_of(key, value), overrides))
+    out = []
+    for row, stem, overrides in cells:
+        if knobs and row != "base" and row not in knobs and stem not in knobs:
+            continue
+        for seed in range(1, seeds + 1):
+            out.append(Variant(name=f"{stem}_seed{seed}", row=row, label=stem, seed=seed,
+                               overrides=(*overrides, f"train.seed={seed}")))
+    return out
+
+
+def recipe_of(variant: Variant, recipe: str | Path, steps: int, extra: Sequence[str] = ()) -> MTRecipe:
+    """The variant's recipe: the shipped one, the search's budget, the search's own changes to it (``extra``),
+    the variant's change; its "test" split is the validation split, on which the search chooses."""
+    cfg = recipes.load("mt", recipe, [*search_overrides(steps), *extra, *variant.overrides])
+    return replace(cfg, data=replace(cfg.data, test=cfg.data.valid))
+
+
+def train_and_score(variant: Variant, run: Path, resume: bool, recipe: str | Path, steps: int,
+                    extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
+    """Train (or resume) the variant; its row: validation BLEU, chrF and perplexity, steps, time, parameters."""
+    return {**trained_and_scored(None if resume else recipe_of(variant, recipe, steps, extra), run, quiet),
+            "recipe": str(recipe), "base_changes": list(extra)}
+
+
+def base_value(cfg: MTRecipe, key: str) -> Any:
+    """The recipe's own value of ``section.field``."""
+    section, field = key.split(".")
+    return getattr(getattr(cfg, section), field)
+
+
+def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[dict[str, Any]]:
+    """One row per variant (mean and spread over its seeds), with its BLEU minus the base's seed for seed, and
+    its training time over the base's."""
+    deltas = paired_deltas(results, grid)
+    base = [results[v.name] for v in grid if v.row == "base" and v.name in results]
+    base_seconds = sum(r["train_seconds"] for r in base) / len(base) if base else None
+    groups: dict[tuple[str, str], list[Variant]] = {}
+    for v in grid:
+        groups.setdefault((v.row, v.label), []).append(v)
+    rows = []
+    for (row, label), seeds in groups.items():
+        found = [results[v.name] for v in seeds if v.name in results]
+        entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found)}
+        if found:
+            for key in ("bleu", "chrf", "ppl", "train_seconds"):
+                entry[key], entry[f"{key}_sd"] = spread([r[key] for r in found])
+            entry["parameters"], entry["steps"] = found[0]["parameters"], found[0]["steps"]
+            if base_seconds:
+                entry["time_ratio"] = entry["train_seconds"] / base_seconds
+        pairs = [deltas[v.name]["bleu"] for v in seeds if v.name in deltas]
+        if pairs:
+            entry["paired"] = len(pairs)
+            entry["bleu_delta"], entry["bleu_delta_sd"] = spread(pairs)
+        rows.append(entry)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table, the base first, then each knob's values in the order tried."""
+    lines = ["| knob | variant | seeds | BLEU (valid) | chrF | PPL | BLEU - base, same seeds | steps | time / base's | params |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "bleu" not in r:
+            lines.append(f"| {r['row']} | {r['label']} | 0 | | | | | | | |")
+            continue
+        sd = (lambda key, digits: f" ± {r[f'{key}_sd']:.{digits}f}" if r["seeds"] > 1 else "")
+        delta = "" if "bleu_delta" not in r else (
+            f"{r['bleu_delta']:+.1f}" + (f" ± {r['bleu_delta_sd']:.1f}" if r["paired"] > 1 else "") + f" ({r['paired']})")
+        ratio = f"{r['time_ratio']:.2f}" if "time_ratio" in r else ""
+        lines.append(f"| {r['row']} | {r['label']} | {r['seeds']} | {r['bleu']:.1f}{sd('bleu', 1)} | {r['chrf']:.1f} "
+                     f"| {r['ppl']:.2f} | {delta} | {r['steps']} | {ratio} | {r['parameters'] / 1e6:.2f}M |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | Path) -> Path:
+    """One panel per knob: validation BLEU against the knob's values, the recipe's own among them (the base,
+    black), the base's BLEU a dashed line across every panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    base = next((r for r in rows if r["row"] == "base" and "bleu" in r), None)
+    knobs = [k for k in KNOBS if any(r["row"] == k and "bleu" in r for r in rows)]
+    columns = min(len(knobs), 5) or 1
+    fig = Figure(figsize=(3.2 * columns, 3.0 * math.ceil(len(knobs) / columns) + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(math.ceil(len(knobs) / columns) or 1, columns, squeeze=False, sharey=True).flat)
+    for ax in axes[len(knobs):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes, knobs):
+        points = [(_value(r["label"], key), r) for r in rows if r["row"] == key and "bleu" in r]
+        if base is not None:
+            points.append((base_value(cfg, key), base))
+        if all(isinstance(x, (int, float)) for x, _ in points):  # numbers in order; words (norm) as tried
+            points.sort(key=lambda p: p[0])
+        xs = [str(x) for x, _ in points]
+        for i, (_, r) in enumerate(points):
+            ax.errorbar(i, r["bleu"], yerr=r["bleu_sd"] or None, fmt="o", capsize=3,
+                        color="black" if r is base else "tab:blue", markersize=6 if r is base else 5)
+        if base is not None:
+            ax.axhline(base["bleu"], color="gray", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xlabel(key)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.supylabel("validation BLEU, beam 4")
+    fig.suptitle(title, fontsize=10)
+    with atomic_path(out_png) as tmp, as_os_error(tmp):
+        fig.savefig(tmp, dpi=110, format="png")
+    return Path(out_png)
+
+
+def _value(label: str, key: str) -> Any:
+    """The value of ``key`` that the variant ``label`` (:func:`name_of`) tries."""
+    return next(v for v in KNOBS[key] if name_of(key, v) == label)
+
+
+def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], recipe: str | Path,
+                 out_dir: str | Path, extra: Sequence[str] = ()) -> list[Path]:
+    """``search.md`` and ``search.png`` in ``out_dir``, from whatever results exist."""
+    rows = table(results, grid)
+    steps = sorted({r["steps"] for r in results.values()})
+    budget = " / ".join(map(str, steps)) or "N"
+    caption = (f"The recipe `{recipe}`, one knob changed at a time, every variant {budget} steps (the recipe's "
+               "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
+               "weights; mean ± standard deviation over the seeds scored; the difference from the base pairs each "
+               "seed with the base's (the same batches). Time: the training time of the variant's steps over the "
+               "base's on the same machine. Written by `qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
+    out_dir = Path(out_dir)
+    md = write_text(out_dir / "search.md", caption + markdown(rows))
+    if not any("bleu" in r for r in rows):
+        return [md]
+    cfg = recipes.load("mt", recipe, list(extra))  # the base's values of the knobs
+    return [md, plot(rows, cfg, f"{recipe}: validation BLEU against each knob, {budget} steps",
+                     out_dir / "search.png")]
+
+
+__all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "name_of", "variants",
+           "recipe_of", "train_and_score", "base_value", "table", "markdown", "plot", "write_report"]
