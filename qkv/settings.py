@@ -114,6 +114,12 @@ def _field_default(cls: type, name: str) -> Any:
     return None if f.default is dataclasses.MISSING else f.default
 
 
+def _inside(where: str, key: str) -> str:
+    """Where ``key`` of the mapping at ``where`` is: ``runs/x/config.json: train``, then ``...: train.steps``
+    (a file's name and the keys inside it kept apart, so that a section never reads as part of a file name)."""
+    return f"{where}: {key}" if where.endswith((".json", ".yaml", ".yml")) else f"{where}.{key}"
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str | None = None) -> T:
     """Build the dataclass ``cls`` from a mapping; unknown keys and wrong types are errors naming the key.
 
@@ -137,7 +143,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str | None = None) -
             default = _field_default(cls, key)
             if is_dataclass(default):
                 value = {**to_dict(default), **value}
-        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+        kwargs[key] = _coerce(value, hints[key], _inside(where, key))
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field is missing
