@@ -8,11 +8,13 @@ measures what one process can of them, and writes them as JSON:
   keeps it, the same values laid out (in, out), oneDNN's and MKL's packed weights), and the seconds the
   measurement of a step's kernels takes at the nanoGPT config and at the paper's base size;
 - ``wrapper``: what a Python ``nn.Module`` around ``F.linear`` adds to a batch-1 product of a step's size;
+- ``packing``: the memory of a step's weights packed for one row count, and for every count from 1 to 16;
 - ``optimizer``: one AdamW update of 8.3M parameters (a small Transformer's shapes), fused against foreach;
 - ``half``: a (256, 1024) x (1024, 1024) product, and a training step of the nanoGPT config, in bf16 and
   fp16 against fp32 (``devices.py`` trains in fp32 on a CPU);
 - ``compile`` (``--compile``): the first call of a compiled decoding step, with an empty inductor cache and
-  with a warm one (two fresh processes; tens of seconds).
+  with a warm one, and the step's time with qkv's inductor thresholds and with inductor's own (four fresh
+  processes; a minute or two).
 
     OMP_NUM_THREADS=1 python bench/probes/decoding_rules.py [--compile] [--out bench/results/decoding_rules.json]
 """
@@ -30,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes beside it, and bench/'s common and peers
-from common import time_steps, write_result  # noqa: E402
+from common import rss_mb, time_steps, write_result  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -119,32 +121,58 @@ def half(rounds: int) -> dict:
     return {**found, **ratios}
 
 
+# A compiled step in a fresh process: its first call, then the median of 100 steps; argv[1] "default" compiles
+# it with inductor's own thresholds instead of qkv's (a probe's change of the module constant, read at compile).
 FIRST_CALL = """
-import json, time, torch
+import json, statistics, sys, time, torch
 from qkv import GPT, preset
-from qkv.accel.compiled import CompiledStep
+from qkv.accel import compiled
 from qkv.accel.kernels import decoding_model
+if sys.argv[1] == "default":
+    compiled.INDUCTOR_OPTIONS = {}
 torch.manual_seed(0)
 model = GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval()
 decoder = decoding_model(model, 1, model.cfg.max_len, packed=False)
 with torch.no_grad():
     decoder(torch.zeros(1, 4, dtype=torch.long))
-    step = CompiledStep(decoder, torch.ones(1, 4, dtype=torch.bool))
-    t0 = time.perf_counter()
-    step(torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 4), 4)
-print(json.dumps({"first_call_s": time.perf_counter() - t0}))
+    step = compiled.CompiledStep(decoder, torch.ones(1, 4, dtype=torch.bool))
+    token, times = torch.zeros(1, 1, dtype=torch.long), []
+    for slot in range(4, 105):
+        t0 = time.perf_counter()
+        step(token, torch.full((1, 1), slot), slot)
+        times.append(time.perf_counter() - t0)
+print(json.dumps({"first_call_s": times[0], "step_ms": 1000 * statistics.median(times[1:])}))
 """
 
 
 def first_calls() -> dict:
-    """Seconds of a compiled step's first call in a fresh process: an empty inductor cache, then the warm one."""
+    """A compiled step in fresh processes: the first call with an empty inductor cache and with the warm one, and
+    the step's median time with qkv's inductor thresholds and with inductor's own."""
     found = {}
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        for name in ("cold", "warm"):
-            out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=env, check=True)
-            found[f"{name}_s"] = json.loads(out.stdout.strip().splitlines()[-1])["first_call_s"]
+    for options in ("qkv", "default"):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            for name in ("cold", "warm"):
+                out = subprocess.run([sys.executable, "-c", FIRST_CALL, options], capture_output=True, text=True,
+                                     env=env, check=True)
+                found[f"{options}_{name}"] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
+
+
+def packing() -> dict:
+    """Megabytes that the nanoGPT step's weights packed by oneDNN take for one row count, and for each of 1..16
+    (what packing for every row count a beam search passes through would hold)."""
+    torch.manual_seed(0)
+    linears = kernels.step_linears(GPT(preset("nanogpt-shakespeare-char", dropout=0.0)).eval())
+    if not kernels.available("onednn"):
+        return {"skipped": "this torch has no oneDNN"}
+    before = rss_mb()
+    one = [kernels.PackedLinear.of(m, 1, "onednn") for m in linears]
+    after_one = rss_mb()
+    every = [kernels.PackedLinear.of(m, rows, "onednn") for rows in range(2, 17) for m in linears]
+    after_every = rss_mb()
+    del one, every
+    return {"one_row_count_mb": after_one - before, "row_counts_1_to_16_mb": after_every - before}
 
 
 def main() -> None:
@@ -156,7 +184,7 @@ def main() -> None:
     os.environ.setdefault(kernels.CACHE_ENV, os.path.join(tempfile.mkdtemp(), "kernels.json"))  # measure, not read
     result = {"benchmark": "the figures behind the decoding rules (docs/BENCHMARKS.md)",
               "products": products(), "wrapper": wrapper(args.rounds), "optimizer": optimizer(args.rounds),
-              "half": half(args.rounds)}
+              "half": half(args.rounds), "packing": packing()}
     if args.compile:
         result["compile"] = first_calls()
     write_result(args.out, result)

@@ -43,7 +43,7 @@ def kernels(compile_: bool) -> tuple[list, dict]:
         layer = nn.Linear(w.shape[1], w.shape[0], bias=False)
         with torch.no_grad():
             layer.weight.copy_(w)
-        packed.append(PackedLinear(layer, 1))  # oneDNN's product on the layer's weight, packed for one row
+        packed.append(PackedLinear.of(layer, 1))  # oneDNN's product on the layer's weight, packed for one row
     found = {
         "mkl": lambda: [torch.mv(w, x) for w, x in zip(weights, inputs)],
         "onednn": lambda: [m(x[None]) for m, x in zip(packed, inputs)],
