@@ -129,13 +129,14 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of ``dtype`` on ``device`` (None: fp32).
 
     ``auto``: bf16 on a GPU that has it, fp16 (with a gradient scaler in training) on one that does
-    not, fp32 on CPUs, where half precision runs many times slower.
+    not, fp32 on CPUs, where fp16 runs many times slower, and bf16 too on CPUs without bf16 instructions
+    (docs/BENCHMARKS.md, "The figures behind the decoding rules").
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}{did_you_mean(dtype, DTYPES)}")
     if dtype in ("bf16", "fp16") and device.type != "cuda":
-        raise ValueError(f"dtype {dtype!r} is for CUDA only: CPUs without half-precision units run it 6-100x "
-                         "slower; use fp32")
+        raise ValueError(f"dtype {dtype!r} is for CUDA only: qkv trains and decodes in fp32 on a CPU (fp16 runs "
+                         "many times slower there, and bf16 does on CPUs without bf16 instructions); use fp32")
     if device.type != "cuda" or dtype == "fp32":
         return None
     has_bf16 = torch.cuda.is_bf16_supported()

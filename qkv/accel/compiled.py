@@ -36,8 +36,8 @@ from qkv.accel.swap import decoding_copy, rebuilt, swap_modules
 from qkv.modules.attention import KVCache, SelfAttention, scaled_dot_product_attention
 
 # Inductor by default recomputes a LayerNorm or GELU inside the loop over each row of the weight that
-# consumes it (the erf of GELU 384 times over). Storing such results once made a step a fifth faster at
-# the nanoGPT config (docs/BENCHMARKS.md, "The figures behind the decoding rules").
+# consumes it (the erf of GELU 384 times over). Storing such results once makes a step faster
+# (docs/BENCHMARKS.md, "The figures behind the decoding rules").
 INDUCTOR_OPTIONS = {"realize_opcount_threshold": 0, "realize_cpu_opcount_threshold": 0, "realize_reads_threshold": 1}
 
 
