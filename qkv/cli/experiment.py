@@ -128,10 +128,10 @@ def cmd_table3(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     steps = args.steps or search.short_steps(args.recipe)
     knobs = [k.strip() for k in args.knobs.split(",")] if args.knobs else None
-    known = {v.row for v in search.variants()} | {v.label for v in search.variants()}
-    if knobs and not set(knobs) <= known:
-        raise ValueError(f"--knobs: unknown {sorted(set(knobs) - known)}; the knobs are {list(search.KNOBS)}, "
-                         f"the variants {sorted({v.label for v in search.variants()} - {'base'})}")
+    labels = {v.label for v in search.variants()}  # "base" among them
+    if knobs and not set(knobs) <= {*search.KNOBS, *labels}:
+        raise ValueError(f"--knobs: unknown {sorted(set(knobs) - {*search.KNOBS, *labels})}; the knobs are "
+                         f"{list(search.KNOBS)}, the variants {sorted(labels - {'base'})}")
     grid = search.variants(knobs, args.seeds)
     name = f"{Path(args.recipe).stem}-{steps}"
     out, results = Path(args.out or Path("runs") / "search" / name), Path(args.results or SEARCH_RESULTS / name)

@@ -54,6 +54,14 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def by_change(variants: Sequence[Variant]) -> dict[tuple[str, str], list[Variant]]:
+    """The variants by (row, label): a change and its seeds, in the grid's order."""
+    groups: dict[tuple[str, str], list[Variant]] = {}
+    for v in variants:
+        groups.setdefault((v.row, v.label), []).append(v)
+    return groups
+
+
 def result_path(results: Path, variant: Variant) -> Path:
     return results / f"{variant.name}.json"
 
@@ -176,5 +184,5 @@ def time_left(results: dict[str, dict[str, Any]], variants: Sequence[Variant], j
     return statistics.fmean(here) * left / jobs, len(here)
 
 
-__all__ = ["SIDE_BY_SIDE", "Variant", "GridError", "run_grid", "check_results", "time_left", "read_results",
+__all__ = ["SIDE_BY_SIDE", "Variant", "by_change", "GridError", "run_grid", "check_results", "time_left", "read_results",
            "result_path", "claim", "spread"]

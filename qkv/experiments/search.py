@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from qkv.experiments.grid import Variant, spread
+from qkv.experiments.grid import Variant, by_change, spread
 from qkv.experiments.table3 import paired_deltas, trained_and_scored
 from qkv.files import as_os_error, atomic_path, write_text
 from qkv.recipes import MTRecipe
@@ -119,11 +119,8 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
     deltas = paired_deltas(results, grid)
     base = [results[v.name] for v in grid if v.row == "base" and v.name in results]
     base_seconds = sum(r["train_seconds"] for r in base) / len(base) if base else None
-    groups: dict[tuple[str, str], list[Variant]] = {}
-    for v in grid:
-        groups.setdefault((v.row, v.label), []).append(v)
     rows = []
-    for (row, label), seeds in groups.items():
+    for (row, label), seeds in by_change(grid).items():
         found = [results[v.name] for v in seeds if v.name in results]
         entry: dict[str, Any] = {"row": row, "label": label, "seeds": len(found)}
         if found:

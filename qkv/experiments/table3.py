@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from qkv.experiments.grid import Variant, read_results, spread
+from qkv.experiments.grid import Variant, by_change, read_results, spread
 from qkv.interpret.explorer.constants import STATIC_DIR
 from qkv.files import as_os_error, atomic_path, write_text
 from qkv.runs import METRICS_FILE
@@ -158,7 +158,7 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
     of the training batches, which the base and the variant share, so the paired differences vary less
     than the two columns' spreads suggest: they are what tells a change from seed noise.
     """
-    groups = _groups(grid)
+    groups = by_change(grid)
     deltas = paired_deltas(results, grid)
     out = []
     for (row, label), seeds in groups.items():
@@ -178,14 +178,6 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
                 entry[f"{key}_delta"], entry[f"{key}_delta_sd"] = spread([d[key] for d in pairs])
         out.append(entry)
     return out
-
-
-def _groups(grid: Sequence[Variant]) -> dict[tuple[str, str], list[Variant]]:
-    """The grid's variants by (row, label): a change and its seeds."""
-    groups: dict[tuple[str, str], list[Variant]] = {}
-    for v in grid:
-        groups.setdefault((v.row, v.label), []).append(v)
-    return groups
 
 
 def paired_deltas(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> dict[str, dict[str, float]]:
@@ -212,7 +204,7 @@ def against(here: dict[str, dict[str, Any]], there: dict[str, dict[str, Any]], g
              f" BLEU - base, {name_a} | BLEU - base, {name_b} | same sign |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     totals = {"ppl": [0, 0], "bleu": [0, 0]}
-    for (row, label), seeds in _groups(grid).items():
+    for (row, label), seeds in by_change(grid).items():
         both = [v.name for v in seeds if v.name in a and v.name in b]
         if not both:
             continue

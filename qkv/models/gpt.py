@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import repeat
 
 import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import KVCache, reorder_caches
+from qkv.modules.attention import KVCache, cached, reorder_caches
 from qkv.modules.layers import DecoderLayer, build_positional
 
 
@@ -73,9 +74,9 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2:
             raise ValueError(f"GPT expects token ids of shape (B, T), got {tuple(idx.shape)}")
-        caches = caches or [layer.self_attn.cache for layer in self.layers]
-        x = self.embed(idx, offset=caches[0].length if caches[0] is not None else 0, positions=positions)
-        for layer, cache in zip(self.layers, caches, strict=True):
+        first = caches[0] if caches else self.layers[0].self_attn.cache
+        x = self.embed(idx, offset=cached(first), positions=positions)
+        for layer, cache in zip(self.layers, caches or repeat(None)):  # None: the layer's own cache
             x = layer(x, self_mask=mask, positions=positions, self_cache=cache)
         return self.lm_head(self.final_norm(x))
 

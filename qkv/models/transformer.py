@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import repeat
 
 import torch
 from torch import Tensor, nn
 
 from qkv.config import ModelConfig
-from qkv.modules.attention import KVCache, StaticKV, padding_mask, reorder_caches
+from qkv.modules.attention import KVCache, StaticKV, cached, padding_mask, reorder_caches
 from qkv.modules.layers import DecoderLayer, EncoderLayer, build_positional
 from qkv.modules.packing import UNPACKED, Layout, packing_for
 
@@ -114,12 +115,12 @@ class Transformer(nn.Module):
         Returns:
             logits: (B, T, V), or (N, V) for the N positions of ``keep``.
         """
-        caches = caches or [(layer.self_attn.cache, layer.cross_attn.cache) for layer in self.decoder_layers]
-        first = caches[0][0]
+        first = caches[0][0] if caches else self.decoder_layers[0].self_attn.cache
         # Teacher forcing packs the real target tokens; a cached decoding step feeds every row.
         layout = UNPACKED if first is not None else packing_for(tgt, self.cfg.pad_id)
-        x = layout.pack(self.embed(tgt, offset=first.length if first is not None else 0))  # (N, D) or (B, T, D)
-        for layer, (self_cache, cross_cache) in zip(self.decoder_layers, caches, strict=True):
+        x = layout.pack(self.embed(tgt, offset=cached(first)))  # (N, D) or (B, T, D)
+        # (None, None): the layer's own caches
+        for layer, (self_cache, cross_cache) in zip(self.decoder_layers, caches or repeat((None, None))):
             x = layer(x, memory, self_mask=tgt_mask, memory_mask=src_mask, layout=layout,
                       memory_layout=memory_layout, self_cache=self_cache, cross_cache=cross_cache)
         x = self.decoder_norm(x)

@@ -276,9 +276,8 @@ class SelfAttention(Attention):
         qkv = layout.unpack(self.in_proj(x))  # (B, T, 2 H d_k + D): attention needs the positions laid out
         q, k, v = (self.split_heads(z) for z in qkv.split(self.qkv_sizes, dim=-1))  # (B, H, T, d_k|d_k|d_v)
         if self.rope is not None:
-            offset = cache.length if cache is not None else 0  # the positions cached before this call's
-            q = self.rope(q, offset=offset, positions=positions)
-            k = self.rope(k, offset=offset, positions=positions)
+            q = self.rope(q, offset=cached(cache), positions=positions)
+            k = self.rope(k, offset=cached(cache), positions=positions)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, H, cached + T, d_k | d_v)
         out, weights = self.attend(q, k, v, mask, is_causal, need_weights)
@@ -491,6 +490,11 @@ class StaticKV:
             self.v = self.v.index_select(0, indices)
 
 
+def cached(cache: KVCache | None) -> int:
+    """Positions already in ``cache`` (0 without one): where the next input starts."""
+    return cache.length if cache is not None else 0
+
+
 def reorder_caches(self_caches: list[KVCache], cross_caches: list[StaticKV], indices: Tensor,
             sources: Tensor | None = None) -> None:
     """Keep the rows ``indices`` in every self-attention cache and ``sources`` in every cross-attention one.
@@ -510,4 +514,4 @@ def reorder_caches(self_caches: list[KVCache], cross_caches: list[StaticKV], ind
 
 __all__ = ["padding_mask", "lengths_mask", "causal_mask", "combine", "check_mask", "scaled_dot_product_attention",
            "attention_observer", "Attention", "SelfAttention", "CrossAttention", "KVCache", "StaticKV",
-           "moved_rows", "reorder_caches"]
+           "moved_rows", "cached", "reorder_caches"]
