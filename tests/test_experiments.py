@@ -9,7 +9,7 @@ from qkv.cli import main
 from qkv.experiments import search, table3
 from qkv.experiments.grid import Variant, claim
 from qkv.devices import cpu_identity
-from qkv.training import loop
+from qkv.training import loop, recipes
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64",
         "data.vocab_size=120", "data.max_tokens=200", "data.demo_train=100", "data.demo_valid=6", "data.demo_test=5",
@@ -316,5 +316,11 @@ def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(caps
     wide = next(v for v in grid if v.label == "d_model-384")
     assert wide.overrides[:3] == ("model.d_model=384", "model.n_heads=6", "model.d_ff=1536")  # the base's shape
     assert search.short_steps("multi30k_de_en") == 3452 // 4
+    short, whole = (search.recipe_of(grid[0], "multi30k_de_en", steps).train for steps in (863, 3452))
+    assert (short.eval_every, short.keep_checkpoints) == (431, 1)  # halfway, one checkpoint to resume from
+    shipped = recipes.load("mt", "multi30k_de_en").train
+    # at the whole budget: the recipe's cadence and checkpoints, to choose averaging on afterwards
+    assert (whole.eval_every, whole.keep_checkpoints) == (shipped.eval_every, shipped.keep_checkpoints) == (250, 5)
+    assert short.average_last == whole.average_last == 0 and whole.steps == 3452
     assert main(["experiment", "search", "--recipe", "demo"]) == 2  # no budget known: --steps
     assert "no step budget is known for the recipe 'demo'" in capsys.readouterr().err

@@ -62,13 +62,21 @@ def short_steps(recipe: str) -> int:
     return BUDGETS[recipe] // SHORT
 
 
-def search_overrides(steps: int) -> list[str]:
-    """What turns a shipped recipe into the search's base: a step budget and no time limit, an evaluation
-    halfway (a checkpoint to resume from) and at the end, the last weights (no averaging: a decoding knob,
-    for the runs at the whole budget), scored with beam 4 on every validation sentence, one thread."""
-    return [f"train.steps={steps}", "train.max_minutes=null", f"train.eval_every={max(steps // 2, 1)}",
-            "train.average_last=0", "train.keep_checkpoints=1", "train.eval_bleu_sentences=0", "train.patience=0",
-            "train.best_metric=loss", "train.test_beam=4", "train.test_alpha=0.6", "train.threads=1"]
+def search_overrides(steps: int, whole: bool = False) -> list[str]:
+    """What turns a shipped recipe into the search's base: a step budget and no time limit, the last weights
+    (no averaging: a decoding knob), scored with beam 4 on every validation sentence, one thread. A short run
+    evaluates halfway (a checkpoint to resume from) and at the end and keeps one checkpoint; a run at the
+    ``whole`` budget evaluates its loss at the recipe's own cadence and keeps the recipe's step checkpoints, on
+    which checkpoint averaging is chosen afterwards."""
+    cadence = [] if whole else [f"train.eval_every={max(steps // 2, 1)}", "train.keep_checkpoints=1"]
+    return [f"train.steps={steps}", "train.max_minutes=null", *cadence, "train.average_last=0",
+            "train.eval_bleu_sentences=0", "train.patience=0", "train.best_metric=loss", "train.test_beam=4",
+            "train.test_alpha=0.6", "train.threads=1"]
+
+
+def whole_budget(recipe: str | Path, steps: int) -> bool:
+    """Whether ``steps`` is the recipe's whole budget (or more); a recipe of no known budget runs what it is given."""
+    return steps >= BUDGETS.get(Path(recipe).stem, 0)
 
 
 def name_of(key: str, value: Any) -> str:
@@ -96,7 +104,8 @@ def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant
 def recipe_of(variant: Variant, recipe: str | Path, steps: int, extra: Sequence[str] = ()) -> MTRecipe:
     """The variant's recipe: the shipped one, the search's budget, the search's own changes to it (``extra``),
     the variant's change; its "test" split is the validation split, on which the search chooses."""
-    cfg = recipes.load("mt", recipe, [*search_overrides(steps), *extra, *variant.overrides])
+    cfg = recipes.load("mt", recipe, [*search_overrides(steps, whole_budget(recipe, steps)), *extra,
+                                      *variant.overrides])
     return replace(cfg, data=replace(cfg.data, test=cfg.data.valid))
 
 
@@ -215,5 +224,5 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
                      out_dir / "search.png")]
 
 
-__all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "name_of", "variants",
-           "recipe_of", "train_and_score", "base_value", "table", "markdown", "plot", "write_report"]
+__all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "whole_budget", "name_of",
+           "variants", "recipe_of", "train_and_score", "base_value", "table", "markdown", "plot", "write_report"]
