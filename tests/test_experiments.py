@@ -5,11 +5,14 @@ import os
 import subprocess
 import sys
 
+import torch
+
 from qkv.cli import main
 from qkv.experiments import search, table3
 from qkv.experiments.grid import Variant, claim
 from qkv.devices import cpu_identity
 from qkv.training import loop, recipes
+from qkv.weights import read_weights
 
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=64",
         "data.vocab_size=120", "data.max_tokens=200", "data.demo_train=100", "data.demo_valid=6", "data.demo_test=5",
@@ -307,6 +310,25 @@ def test_a_tiny_search_scores_each_knob_on_the_validation_split_and_keeps_its_re
     assert main(["experiment", "search", "--knobs", "model.nope"]) == 2
     err = capsys.readouterr().err
     assert "--knobs: unknown ['model.nope']" in err and "norm-pre" in err and "Traceback" not in err
+
+
+def test_a_search_at_the_whole_budget_scores_the_average_of_its_kept_checkpoints_once(tmp_path, capsys, monkeypatch):
+    argv = ["experiment", "search", "--recipe", "demo", "--steps", "4", "--knobs", "norm-pre", "--out",
+            str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--quiet", *TINY, "train.eval_every=2"]
+    assert main(argv) == 0
+    row = json.loads((tmp_path / "results" / "norm-pre_seed1.json").read_text())
+    assert row["average"]["checkpoints"] == [2, 4] and 0 <= row["average"]["bleu"] <= 100
+    run = tmp_path / "runs" / "norm-pre_seed1"
+    average, _ = read_weights(run / "average.safetensors")
+    steps = [read_weights(run / f"step_000000{n}.safetensors")[0] for n in (2, 4)]
+    name = "decoder_layers.0.feed_forward.w_1.weight"
+    assert not torch.equal(steps[0][name], steps[1][name])  # two different checkpoints, and their mean
+    torch.testing.assert_close(average[name], (steps[0][name] + steps[1][name]) / 2)
+    md = (tmp_path / "results" / "search.md").read_text()
+    assert "BLEU, averaged" in md and f"| {row['bleu']:.1f} | {row['average']['bleu']:.1f} |" in md
+
+    monkeypatch.setattr(search, "averaged", lambda *a: (_ for _ in ()).throw(AssertionError("averaged again")))
+    assert main(argv) == 0 and "2 of 2 variants scored" in capsys.readouterr().err
 
 
 def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(capsys):

@@ -146,6 +146,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         else:
             run_grid(grid, out, results, partial(search.train_and_score, recipe=args.recipe, steps=steps,
                                                  extra=args.overrides), _log("search", args.quiet))
+        search.add_averages(grid, out, results, _log("search", args.quiet))  # runs that kept their checkpoints
     found = read_results(results, grid)
     if args.report:
         nothing_to_report(results, found, "search")

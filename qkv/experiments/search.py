@@ -6,7 +6,8 @@ post-LayerNorm, dropout and attention dropout, label smoothing, the size of the 
 warmup and peak learning rate, tokens a batch). Short runs come first (a quarter of the recipe's step
 budget, the recipe's own schedule: its first quarter), and the best few then run at the whole budget
 (``--steps`` the budget, ``--knobs`` the few). Every variant is scored on the validation split (beam 4,
-length penalty 0.6, the last weights): no test set is read, so none is tuned on.
+length penalty 0.6, the last or the best checkpoint, whichever has the lower validation loss; no
+averaging): no test set is read, so none is tuned on.
 
     qkv experiment search --recipe multi30k_de_en --jobs 2           # the short runs, two side by side
     qkv experiment search --recipe multi30k_de_en --report           # the table and the plot of what is there
@@ -22,11 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from qkv.experiments.grid import Variant, by_change, spread
+from qkv.data.translation import load_split
+from qkv.evaluation.bleu import score
+from qkv.experiments.grid import Variant, by_change, claim, read_results, result_path, spread
 from qkv.experiments.table3 import paired_deltas, trained_and_scored
-from qkv.files import as_os_error, atomic_path, write_text
+from qkv.files import as_os_error, atomic_path, write_json, write_text
+from qkv.generation.api import Translator
 from qkv.recipes import MTRecipe
+from qkv.runs import AVERAGE_WEIGHTS_NAME, Run, load_model
 from qkv.training import recipes
+from qkv.weights import average_checkpoints, load_state_dict_into, save_weights
 
 # Each recipe's budget: the optimizer steps it trained in the README's time on the 2-core machine, one thread
 # (docs/results/multi30k.md, cmn_eng.md). The search counts steps, not minutes, so that its runs compare on a
@@ -63,11 +69,11 @@ def short_steps(recipe: str) -> int:
 
 
 def search_overrides(steps: int, whole: bool = False) -> list[str]:
-    """What turns a shipped recipe into the search's base: a step budget and no time limit, the last weights
-    (no averaging: a decoding knob), scored with beam 4 on every validation sentence, one thread. A short run
-    evaluates halfway (a checkpoint to resume from) and at the end and keeps one checkpoint; a run at the
-    ``whole`` budget evaluates its loss at the recipe's own cadence and keeps the recipe's step checkpoints, on
-    which checkpoint averaging is chosen afterwards."""
+    """What turns a shipped recipe into the search's base: a step budget and no time limit, no averaging (the
+    trainer keeps the last or the best checkpoint, whichever has the lower validation loss), scored with beam 4
+    on every validation sentence, one thread. A short run evaluates halfway (a checkpoint to resume from) and
+    at the end and keeps one checkpoint; a run at the ``whole`` budget evaluates its loss at the recipe's own
+    cadence and keeps the recipe's step checkpoints, on which checkpoint averaging is chosen afterwards."""
     cadence = [] if whole else [f"train.eval_every={max(steps // 2, 1)}", "train.keep_checkpoints=1"]
     return [f"train.steps={steps}", "train.max_minutes=null", *cadence, "train.average_last=0",
             "train.eval_bleu_sentences=0", "train.patience=0", "train.best_metric=loss", "train.test_beam=4",
@@ -116,6 +122,52 @@ def train_and_score(variant: Variant, run: Path, resume: bool, recipe: str | Pat
             "recipe": str(recipe), "base_changes": list(extra)}
 
 
+def averaged(run: str | Path) -> dict[str, Any]:
+    """The validation scores of the average of the step checkpoints a finished run kept (at the whole budget
+    the recipe's last 5, Section 6.1), decoded as the variant was scored; the average is written as the run's
+    ``average`` weights, so that ``qkv eval mt --run RUN --split valid --weights average`` scores it again."""
+    run = Run(run)
+    steps = run.step_weights()
+    if len(steps) < 2:
+        raise ValueError(f"{run.path}: {len(steps)} step checkpoint(s), nothing to average (a run at the whole "
+                         "budget keeps the recipe's last 5)")
+    model, _ = load_model(run, "last", device="cpu")
+    load_state_dict_into(model, average_checkpoints(steps), source="average")
+    save_weights(run.file(AVERAGE_WEIGHTS_NAME), model, metadata={"averaged": str(len(steps))})
+    cfg = run.recipe
+    src, refs = load_split(cfg.data, cfg.data.valid)
+    hyps = Translator.from_run(run, weights="average", device="cpu").translate(
+        src, beam=cfg.train.test_beam, alpha=cfg.train.test_alpha, truncate=True)
+    result = score(hyps, refs)
+    return {"checkpoints": [int(p.stem.split("_")[-1]) for p in steps], "bleu": result["bleu"],
+            "chrf": result["chrf"]}
+
+
+def add_averages(grid: Sequence[Variant], out: str | Path, results: str | Path,
+                 log: Callable[[str], None] = print) -> list[str]:
+    """Score the checkpoint average of every variant that has a result, no average yet, and a run in ``out``
+    that kept step checkpoints (runs at the whole budget); its result gains ``average``. The names done."""
+    done = []
+    for variant in grid:
+        run = Path(out) / variant.name
+        if not _to_average(results, variant, run):
+            continue
+        with claim(Path(out), variant) as mine:  # workers side by side average each run once
+            if not mine or not _to_average(results, variant, run):
+                continue
+            log(f"{variant.name}: scoring the average of its last checkpoints")
+            result = read_results(results, [variant])[variant.name]
+            write_json(result_path(Path(results), variant), {**result, "average": averaged(run)})
+            done.append(variant.name)
+    return done
+
+
+def _to_average(results: str | Path, variant: Variant, run: Path) -> bool:
+    """Whether the variant has a result without an average and a run that kept step checkpoints."""
+    result = read_results(results, [variant]).get(variant.name)
+    return result is not None and "average" not in result and len(Run(run).step_weights()) > 1
+
+
 def base_value(cfg: MTRecipe, key: str) -> Any:
     """The recipe's own value of ``section.field``."""
     section, field = key.split(".")
@@ -136,6 +188,8 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
             for key in ("bleu", "chrf", "ppl", "train_seconds"):
                 entry[key], entry[f"{key}_sd"] = spread([r[key] for r in found])
             entry["parameters"], entry["steps"] = found[0]["parameters"], found[0]["steps"]
+            if all("average" in r for r in found):
+                entry["bleu_average"], entry["bleu_average_sd"] = spread([r["average"]["bleu"] for r in found])
             if base_seconds:
                 entry["time_ratio"] = entry["train_seconds"] / base_seconds
         pairs = [deltas[v.name]["bleu"] for v in seeds if v.name in deltas]
@@ -147,19 +201,25 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table, the base first, then each knob's values in the order tried."""
-    lines = ["| knob | variant | seeds | BLEU (valid) | chrF | PPL | BLEU - base, same seeds | steps | time / base's | params |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """The table, the base first, then each knob's values in the order tried; the BLEU of the checkpoint
+    average beside the chosen weights' where the runs have one (the whole budget)."""
+    averages = any("bleu_average" in r for r in rows)
+    header = ["knob", "variant", "seeds", "BLEU (valid)", *(["BLEU, averaged"] if averages else []), "chrF",
+              "PPL", "BLEU - base, same seeds", "steps", "time / base's", "params"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     for r in rows:
         if "bleu" not in r:
-            lines.append(f"| {r['row']} | {r['label']} | 0 | | | | | | | |")
+            lines.append(f"| {r['row']} | {r['label']} | 0 |" + " |" * (len(header) - 3))
             continue
         sd = (lambda key, digits: f" ± {r[f'{key}_sd']:.{digits}f}" if r["seeds"] > 1 else "")
         delta = "" if "bleu_delta" not in r else (
             f"{r['bleu_delta']:+.1f}" + (f" ± {r['bleu_delta_sd']:.1f}" if r["paired"] > 1 else "") + f" ({r['paired']})")
         ratio = f"{r['time_ratio']:.2f}" if "time_ratio" in r else ""
-        lines.append(f"| {r['row']} | {r['label']} | {r['seeds']} | {r['bleu']:.1f}{sd('bleu', 1)} | {r['chrf']:.1f} "
-                     f"| {r['ppl']:.2f} | {delta} | {r['steps']} | {ratio} | {r['parameters'] / 1e6:.2f}M |")
+        average = ([f"{r['bleu_average']:.1f}{sd('bleu_average', 1)}" if "bleu_average" in r else ""]
+                   if averages else [])
+        cells = [r["row"], r["label"], str(r["seeds"]), f"{r['bleu']:.1f}{sd('bleu', 1)}", *average,
+                 f"{r['chrf']:.1f}", f"{r['ppl']:.2f}", delta, str(r["steps"]), ratio, f"{r['parameters'] / 1e6:.2f}M"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +272,8 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
     budget = " / ".join(map(str, steps)) or "N"
     caption = (f"The recipe `{recipe}`, one knob changed at a time, every variant {budget} steps (the recipe's "
                "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
-               "weights; mean ± standard deviation over the seeds scored; the difference from the base pairs each "
+               "or the best checkpoint, whichever has the lower validation loss (and beside it, where the runs kept "
+               "their checkpoints, the average of the last 5); mean ± standard deviation over the seeds scored; the difference from the base pairs each "
                "seed with the base's (the same batches). Time: the training time of the variant's steps over the "
                "base's on the same machine. Written by `qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
     out_dir = Path(out_dir)
@@ -225,4 +286,4 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
 
 
 __all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "whole_budget", "name_of",
-           "variants", "recipe_of", "train_and_score", "base_value", "table", "markdown", "plot", "write_report"]
+           "variants", "recipe_of", "train_and_score", "averaged", "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
