@@ -31,8 +31,7 @@ from qkv.files import as_os_error, atomic_path, write_json, write_text
 from qkv.generation.api import Translator
 from qkv.recipes import MTRecipe
 from qkv.runs import AVERAGE_WEIGHTS_NAME, Run, load_model
-from qkv.training import recipes
-from qkv.weights import average_checkpoints, load_state_dict_into, save_weights
+from qkv.training import average_checkpoints, load_state_dict_into, recipes, save_weights
 
 # Each recipe's budget: the optimizer steps it trained in the README's time on the 2-core machine, one thread
 # (docs/results/multi30k.md, cmn_eng.md). The search counts steps, not minutes, so that its runs compare on a
