@@ -272,8 +272,8 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
     caption = (f"The recipe `{recipe}`, one knob changed at a time, every variant {budget} steps (the recipe's "
                "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
                "or the best checkpoint, whichever has the lower validation loss (and beside it, where the runs kept "
-               "their checkpoints, the average of the last 5); mean ± standard deviation over the seeds scored; the difference from the base pairs each "
-               "seed with the base's (the same batches). Time: the training time of the variant's steps over the "
+               "their checkpoints, the average of those); mean ± standard deviation over the seeds scored; the "
+               "difference from the base pairs each seed with the base's (the same batches). Time: the training time of the variant's steps over the "
                "base's on the same machine. Written by `qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
     out_dir = Path(out_dir)
     md = write_text(out_dir / "search.md", caption + markdown(rows))
@@ -285,4 +285,5 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
 
 
 __all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "whole_budget", "name_of",
-           "variants", "recipe_of", "train_and_score", "averaged", "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
+           "variants", "recipe_of", "train_and_score", "averaged", "add_averages", "base_value", "table", "markdown",
+           "plot", "write_report"]
