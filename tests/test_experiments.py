@@ -324,8 +324,23 @@ def test_a_search_at_the_whole_budget_scores_the_average_of_its_kept_checkpoints
     name = "decoder_layers.0.feed_forward.w_1.weight"
     assert not torch.equal(steps[0][name], steps[1][name])  # two different checkpoints, and their mean
     torch.testing.assert_close(average[name], (steps[0][name] + steps[1][name]) / 2)
+    # decoded at each length penalty, the recipe's own (0.6) giving the average's BLEU
+    scored = row["average"]["length_penalty"]
+    assert list(scored) == [search.alpha_key(a) for a in search.LENGTH_PENALTIES]
+    assert scored["0.6"]["bleu"] == row["average"]["bleu"] and all(s["length_ratio"] > 0 for s in scored.values())
+    best = max(scored, key=lambda a: scored[a]["bleu"])
     md = (tmp_path / "results" / "search.md").read_text()
     assert "BLEU, averaged" in md and f"| {row['bleu']:.1f} | {row['average']['bleu']:.1f} |" in md
+    assert f"| {scored[best]['bleu']:.1f} (α {best}) |" in md
+
+    # a length penalty added to the search: the runs' averages are decoded at it alone, the rest kept
+    calls = []
+    real = search.averaged
+    monkeypatch.setattr(search, "LENGTH_PENALTIES", (*search.LENGTH_PENALTIES, 5.0))
+    monkeypatch.setattr(search, "averaged", lambda run, alphas: calls.append(list(alphas)) or real(run, alphas))
+    assert main(argv) == 0 and calls == [[5.0], [5.0]]  # the base and norm-pre
+    again = json.loads((tmp_path / "results" / "norm-pre_seed1.json").read_text())["average"]["length_penalty"]
+    assert list(again) == [*scored, "5"] and again["1"] == scored["1"]
 
     monkeypatch.setattr(search, "averaged", lambda *a: (_ for _ in ()).throw(AssertionError("averaged again")))
     assert main(argv) == 0 and "2 of 2 variants scored" in capsys.readouterr().err

@@ -53,6 +53,9 @@ KNOBS: dict[str, tuple[Any, ...]] = {
     "model.attn_dropout": (0.1,),
     "train.label_smoothing": (0.0, 0.2),
 }
+# The length penalties (GNMT's alpha, Section 6.1's 0.6 among them) at which the checkpoint average of every
+# run at the whole budget is decoded: choosing one changes no training, so it is chosen on those runs.
+LENGTH_PENALTIES = (0.0, 0.6, 1.0, 2.0, 3.0)
 # A wider model keeps the base's shape: heads of 64 dimensions, d_ff four times d_model.
 COUPLED: dict[str, Callable[[Any], tuple[str, ...]]] = {
     "model.d_model": lambda d: (f"model.n_heads={d // 64}", f"model.d_ff={4 * d}"),
@@ -121,10 +124,11 @@ def train_and_score(variant: Variant, run: Path, resume: bool, recipe: str | Pat
             "recipe": str(recipe), "base_changes": list(extra)}
 
 
-def averaged(run: str | Path) -> dict[str, Any]:
+def averaged(run: str | Path, alphas: Sequence[float] = LENGTH_PENALTIES) -> dict[str, Any]:
     """The validation scores of the average of the step checkpoints a finished run kept (at the whole budget
-    the recipe's last 5, Section 6.1), decoded as the variant was scored; the average is written as the run's
-    ``average`` weights, so that ``qkv eval mt --run RUN --split valid --weights average`` scores it again."""
+    the recipe's last 5, Section 6.1), decoded with beam 4 at each length penalty of ``alphas`` and at the
+    recipe's own (whose BLEU and chrF are the average's ``bleu`` and ``chrf``); the average is written as the
+    run's ``average`` weights, so that ``qkv eval mt --run RUN --split valid --weights average`` scores it again."""
     run = Run(run)
     steps = run.step_weights()
     if len(steps) < 2:
@@ -135,36 +139,52 @@ def averaged(run: str | Path) -> dict[str, Any]:
     save_weights(run.file(AVERAGE_WEIGHTS_NAME), model, metadata={"averaged": str(len(steps))})
     cfg = run.recipe
     src, refs = load_split(cfg.data, cfg.data.valid)
-    hyps = Translator.from_run(run, weights="average", device="cpu").translate(
-        src, beam=cfg.train.test_beam, alpha=cfg.train.test_alpha, truncate=True)
-    result = score(hyps, refs)
-    return {"checkpoints": [int(p.stem.split("_")[-1]) for p in steps], "bleu": result["bleu"],
-            "chrf": result["chrf"]}
+    translator = Translator.from_run(run, weights="average", device="cpu")
+    by_alpha = {}
+    for alpha in sorted({cfg.train.test_alpha, *alphas}):
+        result = score(translator.translate(src, beam=cfg.train.test_beam, alpha=alpha, truncate=True), refs)
+        by_alpha[alpha_key(alpha)] = {key: result[key] for key in ("bleu", "chrf", "length_ratio")}
+    own = by_alpha[alpha_key(cfg.train.test_alpha)]
+    return {"checkpoints": [int(p.stem.split("_")[-1]) for p in steps], "bleu": own["bleu"], "chrf": own["chrf"],
+            "length_penalty": by_alpha}
+
+
+def alpha_key(alpha: float) -> str:
+    """A length penalty as a key of a result's JSON: ``0.6``, ``2``."""
+    return f"{alpha:g}"
 
 
 def add_averages(grid: Sequence[Variant], out: str | Path, results: str | Path,
                  log: Callable[[str], None] = print) -> list[str]:
-    """Score the checkpoint average of every variant that has a result, no average yet, and a run in ``out``
-    that kept step checkpoints (runs at the whole budget); its result gains ``average``. The names done."""
+    """Score the checkpoint average of every variant that has a result and a run in ``out`` that kept step
+    checkpoints (runs at the whole budget), at the length penalties it has no score for yet; its result gains
+    (or extends) ``average``. The names done."""
     done = []
     for variant in grid:
         run = Path(out) / variant.name
-        if not _to_average(results, variant, run):
+        if not _missing_alphas(results, variant, run):
             continue
         with claim(Path(out), variant) as mine:  # workers side by side average each run once
-            if not mine or not _to_average(results, variant, run):
+            missing = _missing_alphas(results, variant, run) if mine else []
+            if not missing:
                 continue
             log(f"{variant.name}: scoring the average of its last checkpoints")
             result = read_results(results, [variant])[variant.name]
-            write_json(result_path(Path(results), variant), {**result, "average": averaged(run)})
+            old, new = result.get("average", {}), averaged(run, missing)
+            merged = {**old, **new, "length_penalty": {**old.get("length_penalty", {}), **new["length_penalty"]}}
+            write_json(result_path(Path(results), variant), {**result, "average": merged})
             done.append(variant.name)
     return done
 
 
-def _to_average(results: str | Path, variant: Variant, run: Path) -> bool:
-    """Whether the variant has a result without an average and a run that kept step checkpoints."""
+def _missing_alphas(results: str | Path, variant: Variant, run: Path) -> list[float]:
+    """The length penalties at which the variant's checkpoint average has no score yet; none for a variant
+    without a result or without a run that kept step checkpoints."""
     result = read_results(results, [variant]).get(variant.name)
-    return result is not None and "average" not in result and len(Run(run).step_weights()) > 1
+    if result is None or len(Run(run).step_weights()) < 2:
+        return []
+    scored = result.get("average", {}).get("length_penalty", {})
+    return [a for a in LENGTH_PENALTIES if alpha_key(a) not in scored]
 
 
 def base_value(cfg: MTRecipe, key: str) -> Any:
@@ -189,6 +209,11 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
             entry["parameters"], entry["steps"] = found[0]["parameters"], found[0]["steps"]
             if all("average" in r for r in found):
                 entry["bleu_average"], entry["bleu_average_sd"] = spread([r["average"]["bleu"] for r in found])
+                curves = [r["average"].get("length_penalty", {}) for r in found]
+                common = [a for a in curves[0] if all(a in c for c in curves)]  # the alphas every seed has
+                if common:
+                    entry["length_penalty"] = {a: spread([c[a]["bleu"] for c in curves])[0] for a in common}
+                    entry["alpha"] = max(common, key=entry["length_penalty"].get)
             if base_seconds:
                 entry["time_ratio"] = entry["train_seconds"] / base_seconds
         pairs = [deltas[v.name]["bleu"] for v in seeds if v.name in deltas]
@@ -201,9 +226,12 @@ def table(results: dict[str, dict[str, Any]], grid: Sequence[Variant]) -> list[d
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table, the base first, then each knob's values in the order tried; the BLEU of the checkpoint
-    average beside the chosen weights' where the runs have one (the whole budget)."""
+    average beside the chosen weights' where the runs have one (the whole budget), and the average's at the
+    length penalty that scores it best."""
     averages = any("bleu_average" in r for r in rows)
-    header = ["knob", "variant", "seeds", "BLEU (valid)", *(["BLEU, averaged"] if averages else []), "chrF",
+    alphas = any("alpha" in r for r in rows)
+    header = ["knob", "variant", "seeds", "BLEU (valid)", *(["BLEU, averaged"] if averages else []),
+              *(["averaged, best length penalty"] if alphas else []), "chrF",
               "PPL", "BLEU - base, same seeds", "steps", "time / base's", "params"]
     lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     for r in rows:
@@ -216,7 +244,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         ratio = f"{r['time_ratio']:.2f}" if "time_ratio" in r else ""
         average = ([f"{r['bleu_average']:.1f}{sd('bleu_average', 1)}" if "bleu_average" in r else ""]
                    if averages else [])
-        cells = [r["row"], r["label"], str(r["seeds"]), f"{r['bleu']:.1f}{sd('bleu', 1)}", *average,
+        best = ([f"{r['length_penalty'][r['alpha']]:.1f} (α {r['alpha']})" if "alpha" in r else ""] if alphas else [])
+        cells = [r["row"], r["label"], str(r["seeds"]), f"{r['bleu']:.1f}{sd('bleu', 1)}", *average, *best,
                  f"{r['chrf']:.1f}", f"{r['ppl']:.2f}", delta, str(r["steps"]), ratio, f"{r['parameters'] / 1e6:.2f}M"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -224,18 +253,30 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | Path) -> Path:
     """One panel per knob: validation BLEU against the knob's values, the recipe's own among them (the base,
-    black), the base's BLEU a dashed line across every panel."""
+    black), the base's BLEU a dashed line across every panel; where runs were averaged, a last panel of each
+    average's BLEU against the length penalty."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     base = next((r for r in rows if r["row"] == "base" and "bleu" in r), None)
     knobs = [k for k in KNOBS if any(r["row"] == k and "bleu" in r for r in rows)]
-    columns = min(len(knobs), 5) or 1
-    fig = Figure(figsize=(3.2 * columns, 3.0 * math.ceil(len(knobs) / columns) + 0.6), layout="constrained")
+    curves = [r for r in rows if "length_penalty" in r]
+    panels = len(knobs) + bool(curves)
+    columns = min(panels, 5) or 1
+    fig = Figure(figsize=(3.2 * columns, 3.0 * math.ceil(panels / columns) + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = list(fig.subplots(math.ceil(len(knobs) / columns) or 1, columns, squeeze=False, sharey=True).flat)
-    for ax in axes[len(knobs):]:
+    axes = list(fig.subplots(math.ceil(panels / columns) or 1, columns, squeeze=False, sharey=True).flat)
+    for ax in axes[panels:]:
         ax.set_visible(False)
+    if curves:  # the last panel: each checkpoint average's BLEU against the length penalty it is decoded with
+        ax = axes[len(knobs)]
+        for r in curves:
+            alphas = sorted(r["length_penalty"], key=float)
+            ax.plot([float(a) for a in alphas], [r["length_penalty"][a] for a in alphas], marker="o", markersize=4,
+                    label=r["label"], color="black" if r is base else None)
+        ax.set_xlabel("length penalty α (checkpoint average)")
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
     for ax, key in zip(axes, knobs):
         points = [(_value(r["label"], key), r) for r in rows if r["row"] == key and "bleu" in r]
         if base is not None:
@@ -272,9 +313,11 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
     caption = (f"The recipe `{recipe}`, one knob changed at a time, every variant {budget} steps (the recipe's "
                "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
                "or the best checkpoint, whichever has the lower validation loss (and beside it, where the runs kept "
-               "their checkpoints, the average of those); mean ± standard deviation over the seeds scored; the "
-               "difference from the base pairs each seed with the base's (the same batches). Time: the training time of the variant's steps over the "
-               "base's on the same machine. Written by `qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
+               "their checkpoints, the average of those, and the average at the length penalty of "
+               f"{', '.join(map(alpha_key, LENGTH_PENALTIES))} that scores it best); mean ± standard deviation over "
+               "the seeds scored; the difference from the base pairs each seed with the base's (the same batches). "
+               "Time: the training time of the variant's steps over the base's on the same machine. Written by "
+               "`qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
     out_dir = Path(out_dir)
     md = write_text(out_dir / "search.md", caption + markdown(rows))
     if not any("bleu" in r for r in rows):
@@ -284,6 +327,6 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
                      out_dir / "search.png")]
 
 
-__all__ = ["BUDGETS", "SHORT", "KNOBS", "COUPLED", "short_steps", "search_overrides", "whole_budget", "name_of",
-           "variants", "recipe_of", "train_and_score", "averaged", "add_averages", "base_value", "table", "markdown",
-           "plot", "write_report"]
+__all__ = ["BUDGETS", "SHORT", "KNOBS", "LENGTH_PENALTIES", "COUPLED", "short_steps", "search_overrides",
+           "whole_budget", "name_of", "variants", "recipe_of", "train_and_score", "averaged", "alpha_key",
+           "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
