@@ -353,6 +353,8 @@ def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(caps
     wide = next(v for v in grid if v.label == "d_model-384")
     assert wide.overrides[:3] == ("model.d_model=384", "model.n_heads=6", "model.d_ff=1536")  # the base's shape
     assert search.short_steps("multi30k_de_en") == 3452 // 4
+    # a quarter of en->de (350) and of zh->en (601) would end inside their warmup of 400: twice the warmup
+    assert search.short_steps("multi30k_en_de") == search.short_steps("cmn_eng_zh_en") == 800
     short, whole = (search.recipe_of(grid[0], "multi30k_de_en", steps).train for steps in (863, 3452))
     assert (short.eval_every, short.keep_checkpoints) == (431, 1)  # halfway, one checkpoint to resume from
     shipped = recipes.load("mt", "multi30k_de_en").train

@@ -56,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", default="multi30k_de_en", help=f"the recipe searched around, one of "
                                                               f"{', '.join(search.BUDGETS)} (default multi30k_de_en)")
     p.add_argument("--steps", type=positive_int, help=f"training steps of every variant (default: 1/{search.SHORT} "
-                                                      "of the recipe's budget; the budget itself for the runs at "
-                                                      "full length)")
+                                                      "of the recipe's budget, at least twice its warmup; the budget "
+                                                      "itself for the runs at full length)")
     p.add_argument("--knobs", help="only these knobs or variants, e.g. model.dropout,norm-pre (default: all)")
     p.add_argument("--seeds", type=positive_int, default=1, help="seeds per variant (default 1)")
     p.add_argument("--out", help="the variants' run directories (default runs/search/RECIPE-STEPS)")
