@@ -9,7 +9,7 @@ import torch
 
 from qkv.cli import main
 from qkv.experiments import search, table3
-from qkv.experiments.grid import Variant, claim
+from qkv.experiments.grid import Variant, claim, read_results
 from qkv.devices import cpu_identity
 from qkv.training import loop, recipes
 from qkv.weights import read_weights
@@ -344,6 +344,32 @@ def test_a_search_at_the_whole_budget_scores_the_average_of_its_kept_checkpoints
 
     monkeypatch.setattr(search, "averaged", lambda *a: (_ for _ in ()).throw(AssertionError("averaged again")))
     assert main(argv) == 0 and "2 of 2 variants scored" in capsys.readouterr().err
+
+
+def test_variants_combined_are_one_variant_of_both_changes_whatever_their_order(tmp_path, capsys):
+    grid = search.variants(["dropout-0.2+norm-pre", "norm-pre+dropout-0.2"], seeds=2)
+    assert [v.name for v in grid] == ["base_seed1", "base_seed2", "norm-pre+dropout-0.2_seed1",
+                                      "norm-pre+dropout-0.2_seed2"]  # one name, in the order of the knobs
+    both = grid[2]
+    assert both.row == search.COMBINED_ROW and both.overrides == ("model.norm=pre", "model.dropout=0.2", "train.seed=1")
+    model = search.recipe_of(both, "multi30k_de_en", 863).model
+    assert (model.norm, model.dropout) == ("pre", 0.2)
+    for bad, says in (("dropout-0.2+dropout-0.3", "sets one knob twice"), ("dropout-0.2+nope-1", "combines ['nope-1']")):
+        assert main(["experiment", "search", "--recipe", "multi30k_de_en", "--knobs", bad]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    # a second round: the variants scored and the two together, in the table and in the plot's last knob panel
+    knobs = ["norm-pre", "dropout-0.2", "dropout-0.2+norm-pre"]
+    assert main(search_argv(tmp_path, "--knobs", ",".join(knobs))) == 0
+    assert json.loads((tmp_path / "results" / "norm-pre+dropout-0.2_seed1.json").read_text())["overrides"] == [
+        "model.norm=pre", "model.dropout=0.2", "train.seed=1"]
+    md = (tmp_path / "results" / "search.md").read_text()
+    assert "| combined | norm-pre+dropout-0.2 | 1 |" in md and "| model.norm | norm-pre | 1 |" in md
+    grid = search.variants(knobs)
+    rows = search.table(read_results(tmp_path / "results", grid), grid)
+    base = next(r for r in rows if r["row"] == "base")
+    assert [x for x, _ in search._combined(rows, base)] == ["base", "norm-pre", "dropout-0.2", "norm-pre+\ndropout-0.2"]
 
 
 def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(capsys):

@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=positive_int, help=f"training steps of every variant (default: 1/{search.SHORT} "
                                                       "of the recipe's budget, at least twice its warmup; the budget "
                                                       "itself for the runs at full length)")
-    p.add_argument("--knobs", help="only these knobs or variants, e.g. model.dropout,norm-pre (default: all)")
+    p.add_argument("--knobs", help="only these knobs or variants, e.g. model.dropout,norm-pre, or variants "
+                                   "combined, e.g. dropout-0.2+peak_lr-0.002 (default: all)")
     p.add_argument("--seeds", type=positive_int, default=1, help="seeds per variant (default 1)")
     p.add_argument("--out", help="the variants' run directories (default runs/search/RECIPE-STEPS)")
     p.add_argument("--results", help=f"each variant's JSON result, the table and the plot (default "
@@ -129,9 +130,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     steps = args.steps or search.short_steps(args.recipe)
     knobs = [k.strip() for k in args.knobs.split(",")] if args.knobs else None
     labels = {v.label for v in search.variants()}  # "base" among them
-    if knobs and not set(knobs) <= {*search.KNOBS, *labels}:
-        raise ValueError(f"--knobs: unknown {sorted(set(knobs) - {*search.KNOBS, *labels})}; the knobs are "
-                         f"{list(search.KNOBS)}, the variants {sorted(labels - {'base'})}")
+    unknown = sorted({k for k in knobs or () if search.COMBINED not in k} - {*search.KNOBS, *labels})
+    if unknown:
+        raise ValueError(f"--knobs: unknown {unknown}; the knobs are {list(search.KNOBS)}, the variants "
+                         f"{sorted(labels - {'base'})}, or variants joined by {search.COMBINED!r}")
     grid = search.variants(knobs, args.seeds)
     name = f"{Path(args.recipe).stem}-{steps}"
     out, results = Path(args.out or Path("runs") / "search" / name), Path(args.results or SEARCH_RESULTS / name)

@@ -5,7 +5,8 @@ The knobs are those the work on small, low-resource Transformers turns (model wi
 post-LayerNorm, dropout and attention dropout, label smoothing, the size of the joint BPE vocabulary,
 warmup and peak learning rate, tokens a batch). Short runs come first (a quarter of the recipe's step
 budget and at least twice its warmup, on the recipe's own schedule), and the best few then run at the whole budget
-(``--steps`` the budget, ``--knobs`` the few). Every variant is scored on the validation split (beam 4,
+(``--steps`` the budget, ``--knobs`` the few), and a second round puts winners together (``--knobs
+dropout-0.2+peak_lr-0.002``: one variant of both). Every variant is scored on the validation split (beam 4,
 length penalty 0.6, the last or the best checkpoint, whichever has the lower validation loss; no
 averaging): no test set is read, so none is tuned on.
 
@@ -60,6 +61,8 @@ LENGTH_PENALTIES = (0.0, 0.6, 1.0, 2.0, 3.0)
 COUPLED: dict[str, Callable[[Any], tuple[str, ...]]] = {
     "model.d_model": lambda d: (f"model.n_heads={d // 64}", f"model.d_ff={4 * d}"),
 }
+# Variants joined by this make one variant of them all (a row of its own in the table and the plot).
+COMBINED, COMBINED_ROW = "+", "combined"
 
 
 def short_steps(recipe: str) -> int:
@@ -96,20 +99,41 @@ def name_of(key: str, value: Any) -> str:
 
 
 def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant]:
-    """The base, then each value of each knob (``knobs``: only these keys or variant names), ``seeds`` seeds each."""
+    """The base, then each value of each knob (``knobs``: only these keys or variant names, and combinations
+    of variants, :func:`combination`), ``seeds`` seeds each."""
     cells = [("base", "base", ())]
     for key, values in KNOBS.items():
         for value in values:
             overrides = (f"{key}={value}", *COUPLED.get(key, lambda _: ())(value))
             cells.append((key, name_of(key, value), overrides))
+    singles = {stem: overrides for _, stem, overrides in cells}
+    combined = dict.fromkeys(COMBINED.join(combination(k)) for k in knobs or () if COMBINED in k)  # in order, once
+    cells += [(COMBINED_ROW, stem, tuple(o for part in stem.split(COMBINED) for o in singles[part]))
+              for stem in combined]
     out = []
     for row, stem, overrides in cells:
-        if knobs and row != "base" and row not in knobs and stem not in knobs:
+        if knobs and row not in ("base", COMBINED_ROW) and row not in knobs and stem not in knobs:
             continue
         for seed in range(1, seeds + 1):
             out.append(Variant(name=f"{stem}_seed{seed}", row=row, label=stem, seed=seed,
                                overrides=(*overrides, f"train.seed={seed}")))
     return out
+
+
+def combination(entry: str) -> list[str]:
+    """The variants that ``entry`` (``dropout-0.2+peak_lr-0.002``) combines, in the order of :data:`KNOBS`
+    (so that one combination has one name however it is written): the second round of a search puts the
+    winners of the first together. Each part is a variant of a different knob."""
+    parts, known = entry.split(COMBINED), {name_of(k, v): k for k, values in KNOBS.items() for v in values}
+    unknown = [p for p in parts if p not in known]
+    if unknown or len(parts) < 2:
+        raise ValueError(f"--knobs: {entry!r} combines {unknown or 'nothing'}; a combination joins two or more "
+                         f"variants with {COMBINED!r}, e.g. dropout-0.2{COMBINED}peak_lr-0.002")
+    keys = [known[p] for p in parts]
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"--knobs: {entry!r} sets one knob twice; a combination changes each knob once")
+    order = list(KNOBS)
+    return sorted(parts, key=lambda p: order.index(known[p]))
 
 
 def recipe_of(variant: Variant, recipe: str | Path, steps: int, extra: Sequence[str] = ()) -> MTRecipe:
@@ -263,6 +287,8 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
 
     base = next((r for r in rows if r["row"] == "base" and "bleu" in r), None)
     knobs = [k for k in KNOBS if any(r["row"] == k and "bleu" in r for r in rows)]
+    if any(r["row"] == COMBINED_ROW and "bleu" in r for r in rows):
+        knobs.append(COMBINED_ROW)
     curves = [r for r in rows if "length_penalty" in r]
     panels = len(knobs) + bool(curves)
     columns = min(panels, 5) or 1
@@ -281,11 +307,7 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
         ax.legend(fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
     for ax, key in zip(axes, knobs):
-        points = [(_value(r["label"], key), r) for r in rows if r["row"] == key and "bleu" in r]
-        if base is not None:
-            points.append((base_value(cfg, key), base))
-        if all(isinstance(x, (int, float)) for x, _ in points):  # numbers in order; words (norm) as tried
-            points.sort(key=lambda p: p[0])
+        points = _combined(rows, base) if key == COMBINED_ROW else _knob(rows, base, cfg, key)
         xs = [str(x) for x, _ in points]
         for i, (_, r) in enumerate(points):
             ax.errorbar(i, r["bleu"], yerr=r["bleu_sd"] or None, fmt="o", capsize=3,
@@ -302,6 +324,27 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
     return Path(out_png)
 
 
+def _knob(rows: list[dict[str, Any]], base: dict[str, Any] | None, cfg: MTRecipe, key: str) -> list[tuple[Any, dict]]:
+    """A knob's panel: (value, row) of each of its variants and of the base, numbers in order."""
+    points = [(_value(r["label"], key), r) for r in rows if r["row"] == key and "bleu" in r]
+    if base is not None:
+        points.append((base_value(cfg, key), base))
+    if all(isinstance(x, (int, float)) for x, _ in points):  # numbers in order; words (norm) as tried
+        points.sort(key=lambda p: p[0])
+    return points
+
+
+def _combined(rows: list[dict[str, Any]], base: dict[str, Any] | None) -> list[tuple[str, dict]]:
+    """The combinations' panel: the base, then each combination after the variants it combines (those scored)."""
+    by_label = {r["label"]: r for r in rows if "bleu" in r}
+    points = [("base", base)] if base is not None else []
+    for r in rows:
+        if r["row"] == COMBINED_ROW and "bleu" in r:
+            parts = [(p, by_label[p]) for p in r["label"].split(COMBINED) if p in by_label]
+            points += [p for p in parts if p not in points] + [(r["label"].replace(COMBINED, "+\n"), r)]
+    return points
+
+
 def _value(label: str, key: str) -> Any:
     """The value of ``key`` that the variant ``label`` (:func:`name_of`) tries."""
     return next(v for v in KNOBS[key] if name_of(key, v) == label)
@@ -313,7 +356,8 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
     rows = table(results, grid)
     steps = sorted({r["steps"] for r in results.values()})
     budget = " / ".join(map(str, steps)) or "N"
-    caption = (f"The recipe `{recipe}`, one knob changed at a time, every variant {budget} steps (the recipe's "
+    caption = (f"The recipe `{recipe}`, one knob changed at a time (in the row `{COMBINED_ROW}`, the variants "
+               f"joined by `{COMBINED}` together), every variant {budget} steps (the recipe's "
                "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
                "or the best checkpoint, whichever has the lower validation loss (and beside it, where the runs kept "
                "their checkpoints, the average of those, and the average at the length penalty of "
@@ -330,6 +374,6 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
                      out_dir / "search.png")]
 
 
-__all__ = ["BUDGETS", "SHORT", "KNOBS", "LENGTH_PENALTIES", "COUPLED", "short_steps", "search_overrides",
-           "whole_budget", "name_of", "variants", "recipe_of", "train_and_score", "averaged", "alpha_key",
-           "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
+__all__ = ["BUDGETS", "SHORT", "KNOBS", "LENGTH_PENALTIES", "COUPLED", "COMBINED", "COMBINED_ROW", "short_steps",
+           "search_overrides", "whole_budget", "name_of", "variants", "combination", "recipe_of", "train_and_score",
+           "averaged", "alpha_key", "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
