@@ -315,6 +315,8 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
         if base is not None:
             ax.axhline(base["bleu"], color="gray", linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(xs)), xs)
+        if key == COMBINED_ROW:  # variant names, not values: slanted so that neighbours do not overlap
+            ax.tick_params(axis="x", labelsize=7, labelrotation=25)
         ax.set_xlabel(key)
         ax.grid(True, axis="y", alpha=0.3)
     fig.supylabel("validation BLEU, beam 4")
