@@ -98,17 +98,19 @@ def name_of(key: str, value: Any) -> str:
     return f"{key.split('.')[-1]}-{value}"
 
 
+def singles() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each one-knob variant by name (:func:`name_of`), in the order of :data:`KNOBS`: its knob and its overrides."""
+    return {name_of(key, value): (key, (f"{key}={value}", *COUPLED.get(key, lambda _: ())(value)))
+            for key, values in KNOBS.items() for value in values}
+
+
 def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant]:
     """The base, then each value of each knob (``knobs``: only these keys or variant names, and combinations
     of variants, :func:`combination`), ``seeds`` seeds each."""
-    cells = [("base", "base", ())]
-    for key, values in KNOBS.items():
-        for value in values:
-            overrides = (f"{key}={value}", *COUPLED.get(key, lambda _: ())(value))
-            cells.append((key, name_of(key, value), overrides))
-    singles = {stem: overrides for _, stem, overrides in cells}
+    one = singles()
+    cells = [("base", "base", ()), *((key, stem, overrides) for stem, (key, overrides) in one.items())]
     combined = dict.fromkeys(COMBINED.join(combination(k)) for k in knobs or () if COMBINED in k)  # in order, once
-    cells += [(COMBINED_ROW, stem, tuple(o for part in stem.split(COMBINED) for o in singles[part]))
+    cells += [(COMBINED_ROW, stem, tuple(o for part in stem.split(COMBINED) for o in one[part][1]))
               for stem in combined]
     out = []
     for row, stem, overrides in cells:
@@ -124,7 +126,7 @@ def combination(entry: str) -> list[str]:
     """The variants that ``entry`` (``dropout-0.2+peak_lr-0.002``) combines, in the order of :data:`KNOBS`
     (so that one combination has one name however it is written): the second round of a search puts the
     winners of the first together. Each part is a variant of a different knob."""
-    parts, known = entry.split(COMBINED), {name_of(k, v): k for k, values in KNOBS.items() for v in values}
+    parts, known = entry.split(COMBINED), {stem: key for stem, (key, _) in singles().items()}
     unknown = [p for p in parts if p not in known]
     if unknown or len(parts) < 2:
         raise ValueError(f"--knobs: {entry!r} combines {unknown or 'nothing'}; a combination joins two or more "
@@ -377,5 +379,6 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
 
 
 __all__ = ["BUDGETS", "SHORT", "KNOBS", "LENGTH_PENALTIES", "COUPLED", "COMBINED", "COMBINED_ROW", "short_steps",
-           "search_overrides", "whole_budget", "name_of", "variants", "combination", "recipe_of", "train_and_score",
-           "averaged", "alpha_key", "add_averages", "base_value", "table", "markdown", "plot", "write_report"]
+           "search_overrides", "whole_budget", "name_of", "singles", "variants", "combination", "recipe_of",
+           "train_and_score", "averaged", "alpha_key", "add_averages", "base_value", "table", "markdown", "plot",
+           "write_report"]
