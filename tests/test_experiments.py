@@ -11,6 +11,7 @@ from qkv.cli import main
 from qkv.experiments import search, table3
 from qkv.experiments.grid import Variant, claim, read_results
 from qkv.devices import cpu_identity
+from qkv.settings import recipe_file
 from qkv.training import loop, recipes
 from qkv.weights import read_weights
 
@@ -370,6 +371,40 @@ def test_variants_combined_are_one_variant_of_both_changes_whatever_their_order(
     rows = search.table(read_results(tmp_path / "results", grid), grid)
     base = next(r for r in rows if r["row"] == "base")
     assert [x for x, _ in search._combined(rows, base)] == ["base", "norm-pre", "dropout-0.2", "norm-pre+\ndropout-0.2"]
+
+
+def test_a_search_keeps_the_base_it_ran_from_after_the_recipe_adopts_a_variant(tmp_path, capsys):
+    recipe = tmp_path / "mine.yaml"
+    shipped = recipe_file("mt", "demo").read_text()
+    recipe.write_text(shipped)
+    argv = ["experiment", "search", "--recipe", str(recipe), "--steps", "4", "--knobs", "dropout-0.2,norm-pre",
+            "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--quiet", *TINY]
+    assert main(argv) == 0
+    capsys.readouterr()
+    recorded = json.loads((tmp_path / "results" / "norm-pre_seed1.json").read_text())["base_knobs"]
+    assert recorded["model.dropout"] == 0.1 and recorded["model.norm"] == "post"
+
+    # the recipe adopts dropout 0.2: its search has no dropout-0.2 to train (it is the base), nor combinations of it
+    recipe.write_text(shipped.replace("dropout: 0.1", "dropout: 0.2", 1))
+    now = search.base_knobs(recipe, TINY)
+    assert now == {**recorded, "model.dropout": 0.2} and search.same_as_base(now) == ["dropout-0.2"]
+    names = [v.name for v in search.variants(["dropout-0.2", "norm-pre", "dropout-0.2+norm-pre"], base=now)]
+    assert names == ["base_seed1", "norm-pre_seed1"]
+    # training into the old folder: one line that names the one knob that differs
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "search: dropout-0.2 is the base's own value" in err
+    assert "made with base_knobs {'model.dropout': 0.1}, this grid asks for {'model.dropout': 0.2}" in err
+    assert "Traceback" not in err
+    # its report still shows the base it ran from, and says what the recipe has changed since
+    assert main([*argv, "--report"]) == 0
+    md = (tmp_path / "results" / "search.md").read_text()
+    assert "| model.dropout | dropout-0.2 | 1 |" in md
+    assert "The base is the recipe as it was when these ran: model.dropout 0.1 (now 0.2)." in md
+    grid = search.variants(["dropout-0.2"])
+    rows = search.table(read_results(tmp_path / "results", grid), grid)
+    base = next(r for r in rows if r["row"] == "base")
+    assert [x for x, _ in search._knob(rows, base, recorded, "model.dropout")] == [0.1, 0.2]
 
 
 def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(capsys):

@@ -134,11 +134,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--knobs: unknown {unknown}; the knobs are {list(search.KNOBS)}, the variants "
                          f"{sorted(labels - {'base'})}, or variants joined by {search.COMBINED!r}")
-    grid = search.variants(knobs, args.seeds)
     name = f"{Path(args.recipe).stem}-{steps}"
     out, results = Path(args.out or Path("runs") / "search" / name), Path(args.results or SEARCH_RESULTS / name)
-    check_results(results, grid, {"steps": None, "recipe": None, "base_changes": None} if args.report else
-                  {"steps": steps, "recipe": str(args.recipe), "base_changes": list(args.overrides)})
+    base = search.base_knobs(args.recipe, args.overrides)
+    if args.report:  # the base that the results record: the recipe may have changed since
+        base = search.recorded_base(read_results(results, search.variants(knobs, args.seeds)), args.recipe,
+                                    args.overrides)
+    grid = search.variants(knobs, args.seeds, base)
+    asked = {part for k in knobs or () for part in k.split(search.COMBINED)}
+    for stem in search.same_as_base(base):
+        if not knobs or stem in asked or search.singles()[stem][0] in asked:
+            print(f"search: {stem} is the base's own value; the base's runs stand for it", file=sys.stderr)
+    check_results(results, grid, {"steps": None, "recipe": None, "base_changes": None, "base_knobs": None}
+                  if args.report else {"steps": steps, "recipe": str(args.recipe),
+                                       "base_changes": list(args.overrides), "base_knobs": base})
     if not args.report:
         search.recipe_of(grid[0], args.recipe, steps, args.overrides)  # checked before any training
         if args.jobs > 1:

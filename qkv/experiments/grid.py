@@ -94,10 +94,19 @@ def check_results(results: str | Path, variants: Sequence[Variant],
             if want is None:
                 made_with[key], first[key] = found[key], path.name
             elif found[key] != want:
-                asked = f"{first[key]} with {want!r}" if key in first else f"this grid asks for {want!r}"
-                raise GridError(f"{path}: made with {key} {found[key]!r}, {asked}; a results folder holds one grid: "
+                made, wanted = _differing(found[key], want)
+                asked = f"{first[key]} with {wanted!r}" if key in first else f"this grid asks for {wanted!r}"
+                raise GridError(f"{path}: made with {key} {made!r}, {asked}; a results folder holds one grid: "
                                 f"give this one its own --results")
     return found_all
+
+
+def _differing(made: Any, want: Any) -> tuple[Any, Any]:
+    """Of two dicts, the entries in which they differ (so that one changed value of many stands out)."""
+    if not (isinstance(made, dict) and isinstance(want, dict)):
+        return made, want
+    keys = [k for k in {**made, **want} if made.get(k) != want.get(k)]
+    return {k: made.get(k) for k in keys}, {k: want.get(k) for k in keys}
 
 
 @contextlib.contextmanager

@@ -104,14 +104,17 @@ def singles() -> dict[str, tuple[str, tuple[str, ...]]]:
             for key, values in KNOBS.items() for value in values}
 
 
-def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant]:
+def variants(knobs: Sequence[str] | None = None, seeds: int = 1,
+             base: dict[str, Any] | None = None) -> list[Variant]:
     """The base, then each value of each knob (``knobs``: only these keys or variant names, and combinations
-    of variants, :func:`combination`), ``seeds`` seeds each."""
-    one = singles()
-    cells = [("base", "base", ()), *((key, stem, overrides) for stem, (key, overrides) in one.items())]
+    of variants, :func:`combination`), ``seeds`` seeds each; none that ``base`` (:func:`base_knobs`) already
+    is (:func:`same_as_base`)."""
+    one, same = singles(), set(same_as_base(base or {}))
+    cells = [("base", "base", ()), *((key, stem, overrides) for stem, (key, overrides) in one.items()
+                                     if stem not in same)]
     combined = dict.fromkeys(COMBINED.join(combination(k)) for k in knobs or () if COMBINED in k)  # in order, once
     cells += [(COMBINED_ROW, stem, tuple(o for part in stem.split(COMBINED) for o in one[part][1]))
-              for stem in combined]
+              for stem in combined if not same & set(stem.split(COMBINED))]
     out = []
     for row, stem, overrides in cells:
         if knobs and row not in ("base", COMBINED_ROW) and row not in knobs and stem not in knobs:
@@ -120,6 +123,20 @@ def variants(knobs: Sequence[str] | None = None, seeds: int = 1) -> list[Variant
             out.append(Variant(name=f"{stem}_seed{seed}", row=row, label=stem, seed=seed,
                                overrides=(*overrides, f"train.seed={seed}")))
     return out
+
+
+def same_as_base(base: dict[str, Any]) -> list[str]:
+    """The variants whose value is the base's own (``base``: :func:`base_knobs`): a recipe that adopted a
+    variant's value (dropout 0.2) would train the base again under the variant's name."""
+    return [name_of(key, value) for key, values in KNOBS.items() for value in values
+            if key in base and base[key] == value]
+
+
+def base_knobs(recipe: str | Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The base's value of each knob: the recipe with the search's own changes (``extra``). Every result records
+    it, so that a results folder keeps saying what its base was after the recipe it searched has changed."""
+    cfg = recipes.load("mt", recipe, list(extra))
+    return {key: base_value(cfg, key) for key in KNOBS}
 
 
 def combination(entry: str) -> list[str]:
@@ -150,7 +167,7 @@ def train_and_score(variant: Variant, run: Path, resume: bool, recipe: str | Pat
                     extra: Sequence[str] = (), quiet: bool = True) -> dict[str, Any]:
     """Train (or resume) the variant; its row: validation BLEU, chrF and perplexity, steps, time, parameters."""
     return {**trained_and_scored(None if resume else recipe_of(variant, recipe, steps, extra), run, quiet),
-            "recipe": str(recipe), "base_changes": list(extra)}
+            "recipe": str(recipe), "base_changes": list(extra), "base_knobs": base_knobs(recipe, extra)}
 
 
 def averaged(run: str | Path, alphas: Sequence[float] = LENGTH_PENALTIES) -> dict[str, Any]:
@@ -280,7 +297,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | Path) -> Path:
+def plot(rows: list[dict[str, Any]], knobs_of_base: dict[str, Any], title: str, out_png: str | Path) -> Path:
     """One panel per knob: validation BLEU against the knob's values, the recipe's own among them (the base,
     black), the base's BLEU a dashed line across every panel; where runs were averaged, a last panel of each
     average's BLEU against the length penalty."""
@@ -309,7 +326,7 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
         ax.legend(fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
     for ax, key in zip(axes, knobs):
-        points = _combined(rows, base) if key == COMBINED_ROW else _knob(rows, base, cfg, key)
+        points = _combined(rows, base) if key == COMBINED_ROW else _knob(rows, base, knobs_of_base, key)
         xs = [str(x) for x, _ in points]
         for i, (_, r) in enumerate(points):
             ax.errorbar(i, r["bleu"], yerr=r["bleu_sd"] or None, fmt="o", capsize=3,
@@ -328,11 +345,12 @@ def plot(rows: list[dict[str, Any]], cfg: MTRecipe, title: str, out_png: str | P
     return Path(out_png)
 
 
-def _knob(rows: list[dict[str, Any]], base: dict[str, Any] | None, cfg: MTRecipe, key: str) -> list[tuple[Any, dict]]:
+def _knob(rows: list[dict[str, Any]], base: dict[str, Any] | None, knobs_of_base: dict[str, Any],
+          key: str) -> list[tuple[Any, dict]]:
     """A knob's panel: (value, row) of each of its variants and of the base, numbers in order."""
     points = [(_value(r["label"], key), r) for r in rows if r["row"] == key and "bleu" in r]
     if base is not None:
-        points.append((base_value(cfg, key), base))
+        points.append((knobs_of_base[key], base))
     if all(isinstance(x, (int, float)) for x, _ in points):  # numbers in order; words (norm) as tried
         points.sort(key=lambda p: p[0])
     return points
@@ -356,10 +374,14 @@ def _value(label: str, key: str) -> Any:
 
 def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], recipe: str | Path,
                  out_dir: str | Path, extra: Sequence[str] = ()) -> list[Path]:
-    """``search.md`` and ``search.png`` in ``out_dir``, from whatever results exist."""
+    """``search.md`` and ``search.png`` in ``out_dir``, from whatever results exist; the base as its results
+    record it, and what the recipe has changed since."""
     rows = table(results, grid)
     steps = sorted({r["steps"] for r in results.values()})
     budget = " / ".join(map(str, steps)) or "N"
+    now, then = base_knobs(recipe, extra), recorded_base(results, recipe, extra)
+    changed = [f"{key} {then[key]!r} (now {now.get(key)!r})" for key in then if then[key] != now.get(key)]
+    since = f" The base is the recipe as it was when these ran: {', '.join(changed)}." if changed else ""
     caption = (f"The recipe `{recipe}`, one knob changed at a time (in the row `{COMBINED_ROW}`, the variants "
                f"joined by `{COMBINED}` together), every variant {budget} steps (the recipe's "
                "schedule), scored on its validation split: cased sacreBLEU, beam 4, length penalty 0.6, the last "
@@ -368,17 +390,22 @@ def write_report(results: dict[str, dict[str, Any]], grid: Sequence[Variant], re
                f"{', '.join(map(alpha_key, LENGTH_PENALTIES))} that scores it best); mean ± standard deviation over "
                "the seeds scored; the difference from the base pairs each seed with the base's (the same batches). "
                "Time: the training time of the variant's steps over the base's on the same machine. Written by "
-               "`qkv experiment search`; see docs/EXPERIMENTS.md.\n\n")
+               f"`qkv experiment search`; see docs/EXPERIMENTS.md.{since}\n\n")
     out_dir = Path(out_dir)
     md = write_text(out_dir / "search.md", caption + markdown(rows))
     if not any("bleu" in r for r in rows):
         return [md]
-    cfg = recipes.load("mt", recipe, list(extra))  # the base's values of the knobs
-    return [md, plot(rows, cfg, f"{recipe}: validation BLEU against each knob, {budget} steps",
+    return [md, plot(rows, then, f"{recipe}: validation BLEU against each knob, {budget} steps",
                      out_dir / "search.png")]
 
 
+def recorded_base(results: dict[str, dict[str, Any]], recipe: str | Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The base's knobs as the results record them (:func:`base_knobs`; one folder, one base:
+    :func:`qkv.experiments.grid.check_results`), or the recipe's today where none does."""
+    return next((r["base_knobs"] for r in results.values() if "base_knobs" in r), None) or base_knobs(recipe, extra)
+
+
 __all__ = ["BUDGETS", "SHORT", "KNOBS", "LENGTH_PENALTIES", "COUPLED", "COMBINED", "COMBINED_ROW", "short_steps",
-           "search_overrides", "whole_budget", "name_of", "singles", "variants", "combination", "recipe_of",
-           "train_and_score", "averaged", "alpha_key", "add_averages", "base_value", "table", "markdown", "plot",
-           "write_report"]
+           "search_overrides", "whole_budget", "name_of", "singles", "variants", "same_as_base", "base_knobs",
+           "combination", "recipe_of", "train_and_score", "averaged", "alpha_key", "add_averages", "base_value",
+           "table", "markdown", "plot", "write_report", "recorded_base"]
