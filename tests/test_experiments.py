@@ -56,7 +56,8 @@ def test_a_tiny_grid_writes_its_table_and_a_second_call_trains_nothing(tmp_path,
     assert row["wall_seconds"] > 0 and row["resumed"] is False and "left:" not in capsys.readouterr().err
     # What the rest of a larger grid would take here, from the variants trained here.
     assert main(grid_argv(tmp_path, "g", "--report", "--rows", "base,A")) == 0
-    assert "the 4 left: about 0.0 h with --jobs 1 on this CPU (the mean of the 1 variant trained here)" \
+    hours = json.loads((results / "base_seed1.json").read_text())["wall_seconds"] * 4 / 3600  # the base's, 4 times
+    assert f"the 4 left: about {hours:.1f} h with --jobs 1 on this CPU (the mean of the 1 variant trained here)" \
         in capsys.readouterr().err
 
     # Another budget on the same results: one line, nothing trained, never a table of two budgets.
