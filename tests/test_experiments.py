@@ -374,7 +374,7 @@ def test_variants_combined_are_one_variant_of_both_changes_whatever_their_order(
     assert [x for x, _ in search._combined(rows, base)] == ["base", "norm-pre", "dropout-0.2", "norm-pre+\ndropout-0.2"]
 
 
-def test_a_search_keeps_the_base_it_ran_from_after_the_recipe_adopts_a_variant(tmp_path, capsys):
+def test_a_search_keeps_the_base_it_ran_from_after_the_recipe_adopts_a_variant(tmp_path, capsys, monkeypatch):
     recipe = tmp_path / "mine.yaml"
     shipped = recipe_file("mt", "demo").read_text()
     recipe.write_text(shipped)
@@ -406,6 +406,15 @@ def test_a_search_keeps_the_base_it_ran_from_after_the_recipe_adopts_a_variant(t
     rows = search.table(read_results(tmp_path / "results", grid), grid)
     base = next(r for r in rows if r["row"] == "base")
     assert [x for x, _ in search._knob(rows, base, recorded, "model.dropout")] == [0.1, 0.2]
+
+    # the search around today's recipe gets its own --results, and its runs follow it (not the old runs resumed)
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "search", "--recipe", str(recipe), "--steps", "4", "--knobs", "dropout-0.2,norm-pre",
+                 "--results", str(tmp_path / "today"), "--quiet", *TINY]) == 0
+    assert sorted(p.name for p in (tmp_path / "today").glob("*.json")) == ["base_seed1.json", "norm-pre_seed1.json"]
+    assert json.loads((tmp_path / "today" / "base_seed1.json").read_text())["base_knobs"] == now
+    assert json.loads((tmp_path / "runs" / "search" / "today" / "base_seed1" / "config.json").read_text())[
+        "model"]["dropout"] == 0.2
 
 
 def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(capsys):

@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--knobs", help="only these knobs or variants, e.g. model.dropout,norm-pre, or variants "
                                    "combined, e.g. dropout-0.2+peak_lr-0.002 (default: all)")
     p.add_argument("--seeds", type=positive_int, default=1, help="seeds per variant (default 1)")
-    p.add_argument("--out", help="the variants' run directories (default runs/search/RECIPE-STEPS)")
+    p.add_argument("--out", help="the variants' run directories (default runs/search/ and the name of the "
+                                 "--results folder, RECIPE-STEPS)")
     p.add_argument("--results", help=f"each variant's JSON result, the table and the plot (default "
                                      f"{SEARCH_RESULTS}/RECIPE-STEPS)")
     p.add_argument("--jobs", type=positive_int, default=1, help="variants trained side by side, one process "
@@ -135,7 +136,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ValueError(f"--knobs: unknown {unknown}; the knobs are {list(search.KNOBS)}, the variants "
                          f"{sorted(labels - {'base'})}, or variants joined by {search.COMBINED!r}")
     name = f"{Path(args.recipe).stem}-{steps}"
-    out, results = Path(args.out or Path("runs") / "search" / name), Path(args.results or SEARCH_RESULTS / name)
+    # The runs follow the results' folder: a grid given its own --results (another base) never resumes another's runs.
+    results = Path(args.results or SEARCH_RESULTS / name)
+    out = Path(args.out or Path("runs") / "search" / results.name)
     base = search.base_knobs(args.recipe, args.overrides)
     if args.report:  # the base that the results record: the recipe may have changed since
         base = search.recorded_base(read_results(results, search.variants(knobs, args.seeds)), args.recipe,
