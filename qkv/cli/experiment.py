@@ -139,14 +139,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     # The runs follow the results' folder: a grid given its own --results (another base) never resumes another's runs.
     results = Path(args.results or SEARCH_RESULTS / name)
     out = Path(args.out or Path("runs") / "search" / results.name)
-    base = search.base_knobs(args.recipe, args.overrides)
-    if args.report:  # the base that the results record: the recipe may have changed since
-        base = search.recorded_base(read_results(results, search.variants(knobs, args.seeds)), args.recipe,
-                                    args.overrides)
+    # A report draws the base its results record (the recipe may have changed since); training, today's.
+    base = (search.recorded_base(read_results(results, search.variants(knobs, args.seeds)), args.recipe,
+                                 args.overrides) if args.report else search.base_knobs(args.recipe, args.overrides))
     grid = search.variants(knobs, args.seeds, base)
-    asked = {part for k in knobs or () for part in k.split(search.COMBINED)}
+    asked, one = {part for k in knobs or () for part in k.split(search.COMBINED)}, search.singles()
     for stem in search.same_as_base(base):
-        if not knobs or stem in asked or search.singles()[stem][0] in asked:
+        if not knobs or stem in asked or one[stem][0] in asked:
             print(f"search: {stem} is the base's own value; the base's runs stand for it", file=sys.stderr)
     check_results(results, grid, {"steps": None, "recipe": None, "base_changes": None, "base_knobs": None}
                   if args.report else {"steps": steps, "recipe": str(args.recipe),
