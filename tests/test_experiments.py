@@ -434,3 +434,18 @@ def test_the_search_varies_one_knob_at_a_time_and_knows_each_recipes_budget(caps
     assert short.average_last == whole.average_last == 0 and whole.steps == 3452
     assert main(["experiment", "search", "--recipe", "demo"]) == 2  # no budget known: --steps
     assert "no step budget is known for the recipe 'demo'" in capsys.readouterr().err
+
+
+def test_a_one_panel_search_plot_shows_its_whole_title(tmp_path):
+    """One knob tried is one panel, narrower than its title: the title wraps instead of running off the image."""
+    import numpy as np
+    from PIL import Image
+
+    rows = [{"row": "base", "label": "base", "bleu": 7.6, "bleu_sd": 0.0},
+            {"row": "train.peak_lr", "label": "peak_lr-0.002", "bleu": 1.3, "bleu_sd": 0.0}]
+    png = search.plot(rows, {"train.peak_lr": 1e-3},
+                      "cmn_eng_zh_en: validation BLEU against each knob, 800 steps", tmp_path / "search.png")
+    pixels = np.asarray(Image.open(png).convert("L"))
+    assert pixels.shape[1] < 400  # one panel
+    edges = np.concatenate([pixels[:, :2], pixels[:, -2:]], axis=1)
+    assert edges.min() > 200, "ink at the image's left or right edge: the title is cut"

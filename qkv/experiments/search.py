@@ -20,6 +20,7 @@ plot (validation BLEU against each knob's value) beside them; docs/EXPERIMENTS.m
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -297,6 +298,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PANEL_WIDTH = 3.2  # inches a panel of the plot
+
+
 def plot(rows: list[dict[str, Any]], knobs_of_base: dict[str, Any], title: str, out_png: str | Path) -> Path:
     """One panel per knob: validation BLEU against the knob's values, the recipe's own among them (the base,
     black), the base's BLEU a dashed line across every panel; where runs were averaged, a last panel of each
@@ -311,7 +315,7 @@ def plot(rows: list[dict[str, Any]], knobs_of_base: dict[str, Any], title: str, 
     curves = [r for r in rows if "length_penalty" in r]
     panels = len(knobs) + bool(curves)
     columns = min(panels, 5) or 1
-    fig = Figure(figsize=(3.2 * columns, 3.0 * math.ceil(panels / columns) + 0.6), layout="constrained")
+    fig = Figure(figsize=(PANEL_WIDTH * columns, 3.0 * math.ceil(panels / columns) + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(math.ceil(panels / columns) or 1, columns, squeeze=False, sharey=True).flat)
     for ax in axes[panels:]:
@@ -339,7 +343,8 @@ def plot(rows: list[dict[str, Any]], knobs_of_base: dict[str, Any], title: str, 
         ax.set_xlabel(key)
         ax.grid(True, axis="y", alpha=0.3)
     fig.supylabel("validation BLEU, beam 4")
-    fig.suptitle(title, fontsize=10)
+    # A 10-point title holds about 12 characters an inch: wrapped, a one-panel plot shows all of its title.
+    fig.suptitle(textwrap.fill(title, width=int(12 * PANEL_WIDTH * columns)), fontsize=10)
     with atomic_path(out_png) as tmp, as_os_error(tmp):
         fig.savefig(tmp, dpi=110, format="png")
     return Path(out_png)
